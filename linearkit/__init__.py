@@ -1,0 +1,32 @@
+"""linearkit: the linear layer, done right — PyTorch semantics on NumPy.
+
+``y = x @ W.T + b`` with ``W (out_features, in_features)``, ``b (out_features,)``,
+``x (*, in_features)``; exact analytic gradients through ``module.vjp``; init, losses and
+optimizers that match PyTorch. See README.md.
+"""
+
+from . import functional, init, optim  # noqa: F401  (public namespaces)
+from .anomaly import detect_anomaly
+from .errors import AnomalyError, BackwardError, DTypeError, ShapeError
+from .layers import (
+    GELU, BatchNorm1d, Dropout, Flatten, Identity, LayerNorm, LazyLinear, LeakyReLU, Linear,
+    LogSoftmax, ReLU, Residual, Sequential, Sigmoid, SiLU, Softmax, Tanh,
+)
+from .losses import BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, MSELoss
+from .module import Module, Parameter
+from .random import manual_seed
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # Heavier namespaces load on first use, so `import linearkit` stays fast and light.
+    import importlib
+
+    if name in ("analysis", "data", "io", "transforms"):
+        return importlib.import_module(f".{name}", __name__)
+    if name in ("save", "load"):
+        from .io import safetensors as _st
+
+        return getattr(_st, name)
+    raise AttributeError(f"module 'linearkit' has no attribute {name!r}")

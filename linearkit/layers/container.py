@@ -1,0 +1,141 @@
+"""Containers: Sequential (a chain) and Residual (``x + f(x)``)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..module import Module
+
+__all__ = ["Sequential", "Residual"]
+
+
+def _trains(module: Module) -> bool:
+    """True when ``module`` has a parameter that wants a gradient."""
+    return any(p.requires_grad for p in module.parameters())
+
+
+class Sequential(Module):
+    """Modules applied in order: ``Sequential(a, b, c)(x) == c(b(a(x)))``.
+
+    Accepts modules positionally (named ``0``, ``1``, …) or one ``OrderedDict`` of named modules.
+    Supports indexing (``seq[-1]``), slicing (a new Sequential sharing the modules), ``len``,
+    iteration, ``append``, ``extend`` and ``insert``.
+
+    Shape: whatever the chain maps — input of the first module -> output of the last.
+    """
+
+    def __init__(self, *modules):
+        super().__init__()
+        if len(modules) == 1 and isinstance(modules[0], OrderedDict):
+            for name, module in modules[0].items():
+                self.add_module(name, module)
+        else:
+            for index, module in enumerate(modules):
+                self.add_module(str(index), module)
+
+    def _index(self, index: int) -> str:
+        n = len(self._modules)
+        if not -n <= index < n:
+            raise IndexError(f"index {index} is out of range for a Sequential of length {n}")
+        return list(self._modules)[index % n]
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return Sequential(OrderedDict(list(self._modules.items())[index]))
+        return self._modules[self._index(index)]
+
+    def __setitem__(self, index: int, module: Module) -> None:
+        self.add_module(self._index(index), module)
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def append(self, module: Module) -> "Sequential":
+        """Add ``module`` at the end, named by its position."""
+        self.add_module(str(len(self)), module)
+        return self
+
+    def extend(self, modules) -> "Sequential":
+        for module in modules:
+            self.append(module)
+        return self
+
+    def insert(self, index: int, module: Module) -> "Sequential":
+        """Insert ``module`` before position ``index``; names are renumbered ``0..n``."""
+        items = list(self._modules.values())
+        items.insert(index, module)
+        for name in list(self._modules):
+            self._unregister(name)
+        for position, item in enumerate(items):
+            self.add_module(str(position), item)
+        return self
+
+    def forward(self, x):
+        for module in self._modules.values():
+            x = module(x)
+        return x
+
+    def vjp(self, x, input_grad: bool = True):
+        """Chain the children's closures; backward runs them in reverse.
+
+        A child gets ``input_grad=False`` when neither the caller nor any earlier child needs a
+        gradient through it (a first layer, or a frozen prefix): its dX GEMM is skipped and the
+        frozen prefix is not visited in backward at all.
+        """
+        backwards = []
+        need = input_grad
+        for module in self._modules.values():
+            x, backward = module.vjp(x, input_grad=need)
+            backwards.append(backward)
+            need = need or _trains(module)
+
+        def backward(dy):
+            for step in reversed(backwards):
+                dy = step(dy)
+                if dy is None:
+                    return None
+            return dy
+
+        return x, backward
+
+
+class Residual(Module):
+    """``y = x + module(x)``: a skip connection around ``module``.
+
+    Shape: x ``(*, d)`` -> y ``(*, d)``; ``module`` must keep the shape.
+    """
+
+    def __init__(self, module: Module):
+        super().__init__()
+        self.module = module
+
+    def _check(self, x, fx) -> None:
+        if np.shape(fx) != np.shape(x):
+            raise ShapeError(
+                f"the wrapped module maps shape {np.shape(x)} to {np.shape(fx)}; a residual "
+                "connection needs them equal",
+                module=self,
+                hint="make the inner block end with as many features as it starts with, or add "
+                     "a projection (Linear) on the skip path",
+            )
+
+    def forward(self, x):
+        fx = self.module(x)
+        self._check(x, fx)
+        return x + fx
+
+    def vjp(self, x, input_grad: bool = True):
+        fx, inner = self.module.vjp(x, input_grad=input_grad)
+        self._check(x, fx)
+
+        def backward(dy):
+            dx = inner(dy)
+            return dy + dx if input_grad else None
+
+        return x + fx, backward

@@ -1,0 +1,56 @@
+"""Flatten: merge a range of dimensions into one."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..module import Module
+
+__all__ = ["Flatten"]
+
+
+class Flatten(Module):
+    """Flatten dims ``start_dim..end_dim`` into one, as ``torch.nn.Flatten`` (default 1..-1).
+
+    Shape: ``(N, *rest)`` -> ``(N, prod(rest))`` with the defaults. A view when possible.
+    """
+
+    def __init__(self, start_dim: int = 1, end_dim: int = -1):
+        super().__init__()
+        self.start_dim = int(start_dim)
+        self.end_dim = int(end_dim)
+
+    def _target(self, shape: tuple) -> tuple:
+        ndim = max(len(shape), 1)
+        start = self.start_dim + ndim if self.start_dim < 0 else self.start_dim
+        end = self.end_dim + ndim if self.end_dim < 0 else self.end_dim
+        if not (0 <= start < ndim and 0 <= end < ndim):
+            raise ShapeError(
+                f"cannot flatten dims {self.start_dim}..{self.end_dim} of an input of shape {shape}",
+                module=self)
+        if start > end:
+            raise ShapeError("flatten() has invalid args: start_dim cannot come after end_dim",
+                             module=self)
+        if len(shape) == 0:
+            return (1,)
+        return shape[:start] + (math.prod(shape[start:end + 1]),) + shape[end + 1:]
+
+    def forward(self, x):
+        x = np.asarray(x)
+        return x.reshape(self._target(x.shape))
+
+    def vjp(self, x, input_grad: bool = True):
+        x = np.asarray(x)
+        shape = x.shape
+        y = x.reshape(self._target(shape))
+
+        def backward(dy):
+            return dy.reshape(shape) if input_grad else None
+
+        return y, backward
+
+    def extra_repr(self) -> str:
+        return f"start_dim={self.start_dim}, end_dim={self.end_dim}"

@@ -1,0 +1,199 @@
+"""Linear, LazyLinear and Identity."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import functional as F
+from ..errors import ShapeError
+from ..module import Module, Parameter
+from ..random import resolve
+from ._checks import as_input, feature_count, float_dtype
+
+__all__ = ["Linear", "LazyLinear", "Identity"]
+
+
+class Linear(Module):
+    """Affine map ``y = x @ weight.T + bias``.
+
+    Parameters
+    ----------
+    in_features, out_features : int
+        Sizes of the last input and output dimension (non-negative ints).
+    bias : bool
+        Learn an additive bias (default True).
+    dtype : float32 (default) or float64 (float16 storage is allowed).
+    rng : numpy.random.Generator, optional
+        Source of the initial values; defaults to the library's (``linearkit.manual_seed``).
+
+    Shape
+    -----
+    x ``(*, in_features)`` -> y ``(*, out_features)``; ``*`` is any number of leading
+    dimensions, including none (a 1-D input) and a batch of 0.
+
+    Attributes
+    ----------
+    weight : Parameter ``(out_features, in_features)``, initialized U(-k, k), k = 1/sqrt(in_features)
+    bias : Parameter ``(out_features,)`` or None, initialized U(-k, k) too — *not* zeros.
+
+    Examples
+    --------
+    >>> import numpy as np, linearkit as lk
+    >>> layer = lk.Linear(3, 2, rng=np.random.default_rng(0))
+    >>> layer(np.ones((5, 3), np.float32)).shape
+    (5, 2)
+    >>> layer.weight.shape, layer.bias.shape
+    ((2, 3), (2,))
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 dtype=np.float32, rng: np.random.Generator | None = None):
+        super().__init__()
+        self.in_features = feature_count("in_features", in_features, lazy_hint=True)
+        self.out_features = feature_count("out_features", out_features)
+        self.dtype = float_dtype(dtype)
+        self.weight = Parameter(np.empty((self.out_features, self.in_features), self.dtype))
+        if bias:
+            self.bias = Parameter(np.empty(self.out_features, self.dtype))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters(rng)
+
+    def reset_parameters(self, rng: np.random.Generator | None = None) -> None:
+        """PyTorch's default init: weight and bias ~ U(-1/sqrt(in_features), 1/sqrt(in_features)).
+
+        This is what PyTorch writes as ``kaiming_uniform_(weight, a=sqrt(5))``: gain sqrt(1/3)
+        times sqrt(3/fan_in) is 1/sqrt(fan_in).
+        """
+        rng = resolve(rng)
+        bound = 1.0 / math.sqrt(self.in_features) if self.in_features > 0 else 0.0
+        self.weight.data[...] = rng.uniform(-bound, bound, self.weight.shape)
+        if self.bias is not None:
+            self.bias.data[...] = rng.uniform(-bound, bound, self.bias.shape)
+
+    # ------------------------------------------------------------------ input checks
+    def _input(self, x) -> np.ndarray:
+        x = as_input(self, x, self.weight.data.dtype)
+        if x.ndim == 0 or x.shape[-1] != self.in_features:
+            raise self._shape_error(x.shape)
+        return x
+
+    def _shape_error(self, shape: tuple) -> ShapeError:
+        expected = f"expected input of shape (*, {self.in_features}), got {shape}"
+        hint = None
+        if len(shape) == 0:
+            hint = (f"a 0-d input (a scalar) has no feature dimension; pass shape "
+                    f"({self.in_features},) or (N, {self.in_features})")
+        elif len(shape) >= 3 and math.prod(shape[1:]) == self.in_features:
+            hint = ("the trailing dimensions multiply to in_features: flatten it first: "
+                    "x.reshape(len(x), -1) or Flatten()")
+        elif shape[-1] == self.out_features:
+            hint = (f"the last dimension equals out_features={self.out_features}: is the weight "
+                    "transposed? weight is stored (out_features, in_features), as in PyTorch")
+        elif len(shape) == 2 and shape[0] == self.in_features:
+            hint = "the first dimension equals in_features: is the input transposed? try x.T"
+        return ShapeError(expected, module=self, hint=hint)
+
+    # ------------------------------------------------------------------ forward / backward
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """``(*, in_features) -> (*, out_features)``."""
+        x = self._input(x)
+        b = self.bias
+        return F.linear(x, self.weight.data, None if b is None else b.data)
+
+    def vjp(self, x: np.ndarray, input_grad: bool = True):
+        """Forward plus a closure ``backward(dy (*, out)) -> dx (*, in)`` (None if not input_grad).
+
+        The closure adds ``dW = dyᵀ x`` into ``weight.grad`` and ``db = Σ dy`` into ``bias.grad``,
+        skipping the GEMM of a frozen weight and, for ``input_grad=False``, of ``dx``.
+        """
+        x = self._input(x)
+        w, b = self.weight, self.bias
+        y = F.linear(x, w.data, None if b is None else b.data)
+
+        def backward(dy: np.ndarray):
+            need_db = b is not None and b.requires_grad
+            dx, dw, db = F.linear_backward(dy, x, w.data, input_grad, w.requires_grad, need_db)
+            if dw is not None:
+                w.accumulate(dw)
+            if db is not None:
+                b.accumulate(db)
+            return dx
+
+        return y, backward
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}")
+
+
+class LazyLinear(Linear):
+    """A Linear whose ``in_features`` is taken from the first input it sees.
+
+    Before that call it holds no weight (``in_features`` is None), yet it can be printed,
+    deep-copied and counted (0 parameters), and ``load_state_dict`` materializes it from the
+    checkpoint's weight shape. After materialization it *is* a ``Linear`` (as in PyTorch), so a
+    later input of another width gets a ShapeError. Build the optimizer after the first call
+    (or after loading), since there is nothing to optimize before.
+
+    Shape: x ``(*, in_features)`` -> y ``(*, out_features)``.
+    """
+
+    def __init__(self, out_features: int, bias: bool = True, *, dtype=np.float32,
+                 rng: np.random.Generator | None = None):
+        Module.__init__(self)
+        self.in_features = None
+        self.out_features = feature_count("out_features", out_features)
+        self.dtype = float_dtype(dtype)
+        self._has_bias = bool(bias)
+        self._rng = rng
+        self.register_parameter("weight", None)
+        self.register_parameter("bias", None)
+
+    def materialize(self, in_features: int) -> None:
+        """Create the weight ``(out_features, in_features)`` and bias, with Linear's default init."""
+        self.in_features = feature_count("in_features", in_features)
+        self.weight = Parameter(np.empty((self.out_features, self.in_features), self.dtype))
+        if self._has_bias:
+            self.bias = Parameter(np.empty(self.out_features, self.dtype))
+        Linear.reset_parameters(self, self._rng)
+        del self._rng, self._has_bias
+        self.__class__ = Linear
+
+    def reset_parameters(self, rng: np.random.Generator | None = None) -> None:
+        if rng is not None:
+            self._rng = rng
+
+    def _input(self, x) -> np.ndarray:
+        x = as_input(self, x, self.dtype)
+        if x.ndim == 0:
+            raise ShapeError(f"expected input of shape (*, in_features), got {x.shape}",
+                             module=self, hint="a 0-d input (a scalar) has no feature dimension")
+        self.materialize(x.shape[-1])
+        return x
+
+    def _load_from_state_dict(self, state_dict, prefix, strict, missing, unexpected, errors):
+        weight = state_dict.get(prefix + "weight")
+        if weight is not None and np.ndim(weight) == 2:
+            self.materialize(np.shape(weight)[1])
+        Module._load_from_state_dict(self, state_dict, prefix, strict, missing, unexpected, errors)
+
+    def extra_repr(self) -> str:
+        if self.in_features is None:
+            return f"in_features=?, out_features={self.out_features}, bias={self._has_bias}"
+        return super().extra_repr()
+
+
+class Identity(Module):
+    """Returns its input unchanged. Shape: any -> same. Takes (and ignores) any arguments."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+
+    def forward(self, x):
+        return x
+
+    def vjp(self, x, input_grad: bool = True):
+        return x, (lambda dy: dy if input_grad else None)

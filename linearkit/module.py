@@ -1,0 +1,473 @@
+"""Parameter and Module: the tree, parameters, state_dict, train/eval, repr, and the vjp entry.
+
+The backward protocol (see DESIGN.md): ``y = module(x)`` is a forward that keeps nothing;
+``y, backward = module.vjp(x, input_grad=True)`` returns a closure that adds each trainable
+parameter's gradient into ``param.grad`` and returns ``dL/dx`` (None when ``input_grad=False``).
+Every ``vjp`` a subclass defines is wrapped once here so that its closure:
+
+* refuses a second call (``BackwardError``),
+* checks ``dy``'s shape against the output and casts ``dy`` to the output's dtype (as autograd does),
+* names the module's path in the model on any error, and
+* under ``detect_anomaly()`` checks its gradients for NaN/Inf.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict, namedtuple
+from typing import Callable, Iterator
+
+import numpy as np
+
+from . import anomaly as _anomaly
+from .errors import AnomalyError, BackwardError, ShapeError, _Located
+
+__all__ = ["Parameter", "Module", "IncompatibleKeys"]
+
+
+class Parameter:
+    """A trainable array: ``.data`` (ndarray), ``.grad`` (ndarray or None), ``.requires_grad``.
+
+    ``np.asarray(p)`` returns ``p.data``. Backward adds into ``.grad`` (allocating it on first
+    use); ``zero_grad()`` resets it.
+    """
+
+    __slots__ = ("data", "grad", "requires_grad", "__weakref__")
+
+    def __init__(self, data, requires_grad: bool = True):
+        data = np.asarray(data)
+        if data.dtype.kind != "f":
+            raise TypeError(
+                f"Parameter data must be a floating-point array, got dtype {data.dtype}; "
+                "cast it first, e.g. np.asarray(data, dtype=np.float32)"
+            )
+        self.data = data
+        self.grad: np.ndarray | None = None
+        self.requires_grad = bool(requires_grad)
+
+    shape = property(lambda self: self.data.shape, doc="Shape of ``data``.")
+    dtype = property(lambda self: self.data.dtype, doc="dtype of ``data``.")
+    ndim = property(lambda self: self.data.ndim, doc="Number of dimensions of ``data``.")
+    size = property(lambda self: self.data.size, doc="Number of elements of ``data``.")
+
+    def numel(self) -> int:
+        """Number of elements, as ``torch.Tensor.numel``."""
+        return self.data.size
+
+    def accumulate(self, grad: np.ndarray) -> None:
+        """Add ``grad`` into ``.grad``; ``grad`` must be a fresh array (it may be kept as is)."""
+        if self.grad is None:
+            self.grad = grad
+        else:
+            self.grad += grad
+
+    def __array__(self, dtype=None, copy=None):
+        if dtype is None or dtype == self.data.dtype:
+            return self.data.copy() if copy else self.data
+        return self.data.astype(dtype)
+
+    def __repr__(self) -> str:
+        flag = "" if self.requires_grad else ", requires_grad=False"
+        return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype}{flag})"
+
+
+IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+
+
+def _addindent(text: str, spaces: int) -> str:
+    lines = text.split("\n")
+    if len(lines) == 1:
+        return text
+    return lines[0] + "\n" + "\n".join(" " * spaces + line for line in lines[1:])
+
+
+def _guarded_vjp(vjp: Callable) -> Callable:
+    """Wrap a module's ``vjp`` with the protocol's checks (see the module docstring)."""
+
+    @functools.wraps(vjp)
+    def entry(self, *args, **kwargs):
+        try:
+            y, backward = vjp(self, *args, **kwargs)
+        except _Located as err:
+            err.locate(self)
+            raise
+        if _anomaly.enabled:
+            _check_finite(self, y, "forward")
+        shape = y.shape if isinstance(y, np.ndarray) else None
+        dtype = y.dtype if shape is not None else None
+        used = False
+
+        def guarded_backward(*grad):
+            nonlocal used
+            if used:
+                raise BackwardError(
+                    "this backward closure was already called; each vjp() call gives one "
+                    "backward. Run vjp() again for another backward pass (gradients accumulate "
+                    "in .grad until zero_grad()).",
+                    module=self,
+                ).with_root(self)
+            used = True
+            if grad and shape is not None:
+                dy = grad[0]
+                if not isinstance(dy, np.ndarray) or dy.dtype != dtype:
+                    dy = np.asarray(dy, dtype=dtype)
+                if dy.shape != shape:
+                    raise ShapeError(
+                        f"backward got dy of shape {dy.shape}, but the forward output has shape "
+                        f"{shape}; dy must have the output's shape",
+                        module=self,
+                    ).with_root(self)
+                grad = (dy,) + grad[1:]
+            try:
+                dx = backward(*grad)
+            except _Located as err:
+                err.locate(self)
+                raise
+            if _anomaly.enabled:
+                _check_finite(self, dx, "backward (input gradient)")
+                for name, p in self._parameters.items():
+                    if p is not None and p.grad is not None:
+                        _check_finite(self, p.grad, f"backward (gradient of {name})")
+            return dx
+
+        return y, guarded_backward
+
+    entry.__wrapped_vjp__ = vjp
+    return entry
+
+
+def _check_finite(module: "Module", value, where: str) -> None:
+    problem = _anomaly.first_nonfinite(value)
+    if problem is not None:
+        raise AnomalyError(f"detect_anomaly: {where} {problem}", module=module).with_root(module)
+
+
+def _with_root(self, root):
+    self.locate(root)
+    return self
+
+
+_Located.with_root = _with_root
+
+
+class Module:
+    """Base class of every layer, container and loss.
+
+    Subclasses call ``super().__init__()`` and define ``forward(x)`` and ``vjp(x, input_grad=True)``.
+    Parameters, buffers and submodules assigned as attributes are registered in assignment order.
+    """
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_non_persistent", set())
+        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "training", True)
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        vjp = cls.__dict__.get("vjp")
+        if vjp is not None and not hasattr(vjp, "__wrapped_vjp__"):
+            cls.vjp = _guarded_vjp(vjp)
+
+    # ------------------------------------------------------------------ registration
+    def __setattr__(self, name: str, value) -> None:
+        params = self.__dict__.get("_parameters")
+        if params is None and isinstance(value, (Parameter, Module)):
+            raise AttributeError(
+                f"cannot assign {type(value).__name__} '{name}' before Module.__init__() is "
+                "called; call super().__init__() first in your __init__"
+            )
+        if params is not None:
+            if isinstance(value, Parameter):
+                self._unregister(name)
+                params[name] = value
+            elif isinstance(value, Module):
+                self._unregister(name)
+                self._modules[name] = value
+            elif name in params:
+                if value is not None:
+                    raise TypeError(
+                        f"cannot assign {type(value).__name__} as parameter '{name}' "
+                        "(a Parameter or None is expected); wrap arrays: Parameter(array)"
+                    )
+                params[name] = None
+            elif name in self._modules:
+                if value is not None:
+                    raise TypeError(f"cannot assign {type(value).__name__} as child module '{name}'")
+                self._modules[name] = None
+            elif name in self._buffers:
+                if value is not None:
+                    value = np.asarray(value)
+                self._buffers[name] = value
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        self._unregister(name)
+        object.__delattr__(self, name)
+
+    def _unregister(self, name: str) -> None:
+        for registry in (self._parameters, self._buffers, self._modules):
+            registry.pop(name, None)
+        self._non_persistent.discard(name)
+
+    def register_parameter(self, name: str, param: Parameter | None) -> None:
+        """Register ``param`` (or a None placeholder, e.g. ``bias=False``) under ``name``."""
+        self._unregister(name)
+        self._parameters[name] = param
+        object.__setattr__(self, name, param)
+
+    def register_buffer(self, name: str, array, persistent: bool = True) -> None:
+        """Register a non-trainable array (e.g. running statistics) saved in ``state_dict``."""
+        self._unregister(name)
+        array = None if array is None else np.asarray(array)
+        self._buffers[name] = array
+        if not persistent:
+            self._non_persistent.add(name)
+        object.__setattr__(self, name, array)
+
+    def add_module(self, name: str, module: "Module | None") -> None:
+        """Register a child module under ``name``."""
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"{type(module).__name__} is not a Module subclass")
+        self._unregister(name)
+        self._modules[name] = module
+        object.__setattr__(self, name, module)
+
+    # ------------------------------------------------------------------ traversal
+    def named_modules(self, memo: set | None = None, prefix: str = "", remove_duplicate: bool = True
+                      ) -> Iterator[tuple[str, "Module"]]:
+        """Yield ``(path, module)`` for this module and every descendant, each once."""
+        if memo is None:
+            memo = set()
+        if remove_duplicate:
+            if id(self) in memo:
+                return
+            memo.add(id(self))
+        yield prefix, self
+        for name, child in self._modules.items():
+            if child is None:
+                continue
+            child_prefix = f"{prefix}.{name}" if prefix else name
+            yield from child.named_modules(memo, child_prefix, remove_duplicate)
+
+    def modules(self) -> Iterator["Module"]:
+        for _, module in self.named_modules():
+            yield module
+
+    def named_children(self) -> Iterator[tuple[str, "Module"]]:
+        seen = set()
+        for name, child in self._modules.items():
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                yield name, child
+
+    def children(self) -> Iterator["Module"]:
+        for _, child in self.named_children():
+            yield child
+
+    def _named_members(self, registry: str, prefix: str, recurse: bool, remove_duplicate: bool):
+        seen = set()
+        modules = self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate) if recurse \
+            else [(prefix, self)]
+        for module_prefix, module in modules:
+            for name, value in getattr(module, registry).items():
+                if value is None or (remove_duplicate and id(value) in seen):
+                    continue
+                seen.add(id(value))
+                yield (f"{module_prefix}.{name}" if module_prefix else name), value
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+                         ) -> Iterator[tuple[str, Parameter]]:
+        """Yield ``(path, Parameter)``; a tied Parameter is yielded once, under its first path."""
+        return self._named_members("_parameters", prefix, recurse, remove_duplicate)
+
+    def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
+        for _, p in self.named_parameters(recurse=recurse):
+            yield p
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+                      ) -> Iterator[tuple[str, np.ndarray]]:
+        return self._named_members("_buffers", prefix, recurse, remove_duplicate)
+
+    def buffers(self, recurse: bool = True) -> Iterator[np.ndarray]:
+        for _, b in self.named_buffers(recurse=recurse):
+            yield b
+
+    def apply(self, fn: Callable[["Module"], None]) -> "Module":
+        """Call ``fn`` on every submodule (children first) and then on self, as in PyTorch."""
+        for child in self.children():
+            child.apply(fn)
+        fn(self)
+        return self
+
+    # ------------------------------------------------------------------ modes and grads
+    def train(self, mode: bool = True) -> "Module":
+        """Set training mode (Dropout drops, BatchNorm uses batch statistics) recursively."""
+        if not isinstance(mode, bool):
+            raise TypeError("training mode is expected to be a bool")
+        for module in self.modules():
+            object.__setattr__(module, "training", mode)
+        return self
+
+    def eval(self) -> "Module":
+        """Set evaluation mode recursively; same as ``train(False)``."""
+        return self.train(False)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Module":
+        """Freeze (False) or unfreeze (True) every parameter. A frozen weight costs no dW GEMM."""
+        for p in self.parameters():
+            p.requires_grad = requires_grad
+        return self
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset every parameter's ``.grad`` to None (default) or fill it with zeros in place."""
+        for p in self.parameters():
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.fill(0)
+
+    def to(self, dtype) -> "Module":
+        """Convert every floating parameter and buffer to ``dtype`` in place; returns self."""
+        dtype = np.dtype(dtype)
+        for module in self.modules():
+            for p in module._parameters.values():
+                if p is not None and p.data.dtype.kind == "f":
+                    p.data = p.data.astype(dtype)
+                    p.grad = None if p.grad is None else p.grad.astype(dtype)
+            for name, b in module._buffers.items():
+                if b is not None and b.dtype.kind == "f":
+                    setattr(module, name, b.astype(dtype))
+            if hasattr(module, "dtype"):
+                object.__setattr__(module, "dtype", dtype)
+        return self
+
+    # ------------------------------------------------------------------ state dict
+    def state_dict(self, prefix: str = "", keep_vars: bool = False) -> "OrderedDict[str, object]":
+        """PyTorch's keys (``0.weight``, ``bn.running_mean``) mapped to arrays (shared, not copied).
+
+        A module reachable under two names appears under both, as in PyTorch.
+        ``keep_vars=True`` returns the Parameter objects instead of their arrays.
+        """
+        destination: OrderedDict = OrderedDict()
+        self._save_into(destination, prefix, keep_vars)
+        return destination
+
+    def _save_into(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        for name, p in self._parameters.items():
+            if p is not None:
+                destination[prefix + name] = p if keep_vars else p.data
+        for name, b in self._buffers.items():
+            if b is not None and name not in self._non_persistent:
+                destination[prefix + name] = b
+        for name, child in self._modules.items():
+            if child is not None:
+                child._save_into(destination, f"{prefix}{name}.", keep_vars)
+
+    def load_state_dict(self, state_dict, strict: bool = True) -> IncompatibleKeys:
+        """Copy arrays from ``state_dict`` into this model's parameters and buffers, in place.
+
+        Values may be ndarrays or anything ``np.asarray`` accepts (torch tensors included); they
+        are cast to the parameter's dtype. As in PyTorch: a size mismatch always raises
+        ``RuntimeError`` listing every mismatch; with ``strict=True`` missing and unexpected keys
+        raise too; the return value is ``(missing_keys, unexpected_keys)``.
+        """
+        missing: list[str] = []
+        unexpected: list[str] = []
+        errors: list[str] = []
+
+        def load(module: Module, prefix: str) -> None:
+            module._load_from_state_dict(state_dict, prefix, strict, missing, unexpected, errors)
+            for name, child in module._modules.items():
+                if child is not None:
+                    load(child, f"{prefix}{name}.")
+
+        load(self, "")
+        if strict:
+            if unexpected:
+                errors.insert(0, "Unexpected key(s) in state_dict: {}. ".format(
+                    ", ".join(f'"{k}"' for k in unexpected)))
+            if missing:
+                errors.insert(0, "Missing key(s) in state_dict: {}. ".format(
+                    ", ".join(f'"{k}"' for k in missing)))
+        if errors:
+            raise RuntimeError("Error(s) in loading state_dict for {}:\n\t{}".format(
+                type(self).__name__, "\n\t".join(errors)))
+        return IncompatibleKeys(missing, unexpected)
+
+    def _local_state(self) -> dict:
+        state = {n: p for n, p in self._parameters.items() if p is not None}
+        state.update((n, b) for n, b in self._buffers.items()
+                     if b is not None and n not in self._non_persistent)
+        return state
+
+    def _load_from_state_dict(self, state_dict, prefix, strict, missing, unexpected, errors) -> None:
+        """Load this module's own entries (not its children's); override to materialize lazily."""
+        for name, target in self._local_state().items():
+            key = prefix + name
+            if key not in state_dict:
+                missing.append(key)
+                continue
+            value = np.asarray(state_dict[key])
+            current = target.data if isinstance(target, Parameter) else target
+            if value.shape != current.shape:
+                errors.append(
+                    f"size mismatch for {key}: copying a param with shape {value.shape} from "
+                    f"checkpoint, the shape in current model is {current.shape}."
+                )
+                continue
+            current[...] = value
+        if strict:
+            local = self._local_state()
+            for key in state_dict:
+                if not key.startswith(prefix):
+                    continue
+                head = key[len(prefix):].split(".", 1)
+                if len(head) > 1:
+                    if head[0] not in self._modules:
+                        unexpected.append(key)
+                elif head[0] not in local:
+                    unexpected.append(key)
+
+    # ------------------------------------------------------------------ calling
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(
+            f"{type(self).__name__} has no forward(); define forward(self, x) in your subclass")
+
+    def vjp(self, *args, **kwargs):
+        raise NotImplementedError(
+            f"{type(self).__name__} has no vjp(); define vjp(self, x, input_grad=True) returning "
+            "(y, backward) — compose your submodules' vjp closures (see docs/custom_modules.md)")
+
+    def __call__(self, *args, **kwargs):
+        try:
+            y = self.forward(*args, **kwargs)
+        except _Located as err:
+            err.locate(self)
+            raise
+        if _anomaly.enabled:
+            _check_finite(self, y, "forward")
+        return y
+
+    # ------------------------------------------------------------------ printing
+    def extra_repr(self) -> str:
+        """The text between the parentheses of this module's repr (PyTorch's convention)."""
+        return ""
+
+    def _signature(self) -> str:
+        return f"{type(self).__name__}({self.extra_repr()})"
+
+    def __repr__(self) -> str:
+        extra = self.extra_repr()
+        extra_lines = extra.split("\n") if extra else []
+        child_lines = [f"({name}): {_addindent(repr(child), 2)}"
+                       for name, child in self._modules.items()]
+        lines = extra_lines + child_lines
+        text = type(self).__name__ + "("
+        if lines:
+            if len(extra_lines) == 1 and not child_lines:
+                text += extra_lines[0]
+            else:
+                text += "\n  " + "\n  ".join(lines) + "\n"
+        return text + ")"
