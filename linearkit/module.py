@@ -418,17 +418,16 @@ class Module:
                 )
                 continue
             current[...] = value
-        if strict:
-            local = self._local_state()
-            for key in state_dict:
-                if not key.startswith(prefix):
-                    continue
-                head = key[len(prefix):].split(".", 1)
-                if len(head) > 1:
-                    if head[0] not in self._modules:
-                        unexpected.append(key)
-                elif head[0] not in local:
+        local = self._local_state()
+        for key in state_dict:
+            if not key.startswith(prefix):
+                continue
+            head = key[len(prefix):].split(".", 1)
+            if len(head) > 1:
+                if head[0] not in self._modules:
                     unexpected.append(key)
+            elif head[0] not in local:
+                unexpected.append(key)
 
     # ------------------------------------------------------------------ calling
     def forward(self, *args, **kwargs):

@@ -1,0 +1,329 @@
+"""Linear / LazyLinear / Identity against PyTorch, the articles' worked example, and errors."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import linearkit as lk
+from linearkit import functional as F
+
+DTYPES = [np.float32, np.float64]
+
+
+def torch_twin(layer: lk.Linear) -> torch.nn.Linear:
+    twin = torch.nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
+                           dtype=torch.float64 if layer.dtype == np.float64 else torch.float32)
+    twin.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in layer.state_dict().items()})
+    return twin
+
+
+def run_both(layer, x, dy):
+    y, backward = layer.vjp(x)
+    dx = backward(dy)
+    twin = torch_twin(layer)
+    xt = torch.from_numpy(np.ascontiguousarray(x)).requires_grad_()
+    yt = twin(xt)
+    yt.backward(torch.from_numpy(dy))
+    return (y, dx, layer.weight.grad, None if layer.bias is None else layer.bias.grad), \
+           (yt, xt.grad, twin.weight.grad, None if twin.bias is None else twin.bias.grad)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(5,), (7, 5), (3, 4, 5), (2, 3, 4, 5), (0, 5), (2, 0, 5)])
+def test_forward_and_every_gradient_match_torch(dtype, bias, shape):
+    rng = np.random.default_rng(0)
+    layer = lk.Linear(5, 3, bias=bias, dtype=dtype, rng=rng)
+    x = rng.standard_normal(shape).astype(dtype)
+    dy = rng.standard_normal(shape[:-1] + (3,)).astype(dtype)
+    ours, theirs = run_both(layer, x, dy)
+    for a, b in zip(ours, theirs):
+        if b is None:
+            assert a is None
+            continue
+        assert a.dtype == dtype and a.shape == tuple(b.shape)
+        torch.testing.assert_close(torch.from_numpy(np.asarray(a)), b.detach())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_non_contiguous_input(dtype):
+    rng = np.random.default_rng(1)
+    layer = lk.Linear(6, 4, dtype=dtype, rng=rng)
+    base = rng.standard_normal((6, 10, 3)).astype(dtype)
+    x = base.transpose(2, 1, 0)[:, ::2]  # (3, 5, 6), strided
+    assert not x.flags.c_contiguous
+    dy = rng.standard_normal((3, 5, 4)).astype(dtype)
+    ours, theirs = run_both(layer, x, dy)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(torch.from_numpy(np.asarray(a)), b.detach())
+
+
+def test_golden_worked_example():
+    """The articles' example: W=[[1,2,3],[4,5,6]], b=[0.1,0.2], x=[[2,1,0]], dL/dy=[[0.5,-1]]."""
+    layer = lk.Linear(3, 2, dtype=np.float64)
+    layer.load_state_dict({"weight": np.array([[1, 2, 3], [4, 5, 6]]), "bias": np.array([0.1, 0.2])})
+    y, backward = layer.vjp(np.array([[2.0, 1.0, 0.0]]))
+    np.testing.assert_allclose(y, [[4.1, 13.2]])
+    dx = backward(np.array([[0.5, -1.0]]))
+    np.testing.assert_allclose(layer.weight.grad, [[1, 0.5, 0], [-2, -1, 0]])
+    np.testing.assert_allclose(dx, [[-3.5, -4, -4.5]])
+    np.testing.assert_allclose(layer.bias.grad, [0.5, -1])
+
+
+def test_reused_layer_sums_both_contributions():
+    rng = np.random.default_rng(2)
+    layer = lk.Linear(4, 4, dtype=np.float64, rng=rng)
+    x = rng.standard_normal((3, 4))
+    y1, b1 = layer.vjp(x)
+    y2, b2 = layer.vjp(y1)
+    dy = rng.standard_normal((3, 4))
+    b1(b2(dy))
+    twin = torch_twin(layer)
+    xt = torch.from_numpy(x).requires_grad_()
+    twin(twin(xt)).backward(torch.from_numpy(dy))
+    torch.testing.assert_close(torch.from_numpy(layer.weight.grad), twin.weight.grad)
+    torch.testing.assert_close(torch.from_numpy(layer.bias.grad), twin.bias.grad)
+
+
+def test_two_backward_passes_double_the_gradient_and_zero_grad_clears():
+    layer = lk.Linear(3, 2, dtype=np.float64, rng=np.random.default_rng(3))
+    x, dy = np.ones((4, 3)), np.ones((4, 2))
+    layer.vjp(x)[1](dy)
+    first = layer.weight.grad.copy()
+    layer.vjp(x)[1](dy)
+    np.testing.assert_allclose(layer.weight.grad, 2 * first)
+    layer.zero_grad(set_to_none=False)
+    assert np.all(layer.weight.grad == 0)
+    layer.zero_grad()
+    assert layer.weight.grad is None and layer.bias.grad is None
+
+
+class CountingGemm:
+    """Counts np.matmul calls made by functional.linear_backward (the dX and dW GEMMs)."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []
+        real = np.matmul
+
+        def counted(a, b, *args, **kwargs):
+            self.calls.append((a.shape, b.shape))
+            return real(a, b, *args, **kwargs)
+
+        monkeypatch.setattr(F.np, "matmul", counted)
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_skipped_work_input_grad_false_and_frozen_weight(monkeypatch, rows):
+    layer = lk.Linear(5, 3, rng=np.random.default_rng(4))
+    x = np.ones((rows, 5), np.float32)
+    dy = np.ones((rows, 3), np.float32)
+    _, backward = layer.vjp(x, input_grad=False)
+    counter = CountingGemm(monkeypatch)
+    assert backward(dy) is None
+    assert all(b != layer.weight.shape for _, b in counter.calls), "dX GEMM ran"
+    assert layer.weight.grad is not None
+
+    layer.zero_grad()
+    layer.weight.requires_grad = False
+    monkeypatch.undo()
+    _, backward = layer.vjp(x)
+    counter = CountingGemm(monkeypatch)
+    dx = backward(dy)
+    assert counter.calls == [((rows, 3), (3, 5))], "only the dX GEMM may run"
+    assert dx.shape == x.shape and layer.weight.grad is None and layer.bias.grad is not None
+
+
+def test_first_layer_of_sequential_skips_dx(monkeypatch):
+    model = lk.Sequential(lk.Linear(5, 4), lk.ReLU(), lk.Linear(4, 2))
+    x = np.ones((3, 5), np.float32)
+    _, backward = model.vjp(x, input_grad=False)
+    counter = CountingGemm(monkeypatch)
+    assert backward(np.ones((3, 2), np.float32)) is None
+    # layer 2: dX and dW; layer 0: dW only.
+    assert len(counter.calls) == 3
+
+
+def test_frozen_prefix_is_not_visited(monkeypatch):
+    model = lk.Sequential(lk.Linear(5, 4), lk.ReLU(), lk.Linear(4, 2))
+    model[0].requires_grad_(False)
+    _, backward = model.vjp(np.ones((3, 5), np.float32), input_grad=False)
+    counter = CountingGemm(monkeypatch)
+    backward(np.ones((3, 2), np.float32))
+    assert len(counter.calls) == 1  # only layer 2's dW: no dX through the frozen prefix
+    assert model[0].weight.grad is None
+
+
+def test_backward_twice_and_wrong_dy_shape_are_clear_errors():
+    model = lk.Sequential(lk.Linear(3, 2))
+    _, backward = model.vjp(np.ones((4, 3), np.float32))
+    with pytest.raises(lk.ShapeError, match=r"dy of shape \(4, 3\).*output has shape \(4, 2\)"):
+        backward(np.ones((4, 3), np.float32))
+    _, backward = model.vjp(np.ones((4, 3), np.float32))
+    backward(np.ones((4, 2), np.float32))
+    with pytest.raises(lk.BackwardError, match="already called"):
+        backward(np.ones((4, 2), np.float32))
+
+
+def test_dy_is_cast_to_the_output_dtype():
+    layer = lk.Linear(3, 2)
+    _, backward = layer.vjp(np.ones((1, 3), np.float32))
+    dx = backward(np.ones((1, 2)))  # float64 dy, as autograd casts it
+    assert dx.dtype == np.float32 and layer.weight.grad.dtype == np.float32
+
+
+# ------------------------------------------------------------------------------ errors
+def test_shape_error_names_path_signature_shape_and_flatten_hint():
+    model = lk.Sequential(lk.Linear(8, 4), lk.ReLU(),
+                          lk.Sequential(lk.Linear(4, 4), lk.ReLU(), lk.Linear(512, 10)))
+    with pytest.raises(lk.ShapeError) as info:
+        model(np.ones((2, 8), np.float32))
+    text = str(info.value)
+    assert "'2.2'" in text and "Linear(in_features=512, out_features=10, bias=True)" in text
+    assert "(*, 512)" in text and "(2, 4)" in text
+    flat = lk.Sequential(lk.Linear(48, 10))
+    with pytest.raises(lk.ShapeError, match=r"flatten it first"):
+        flat(np.ones((2, 3, 4, 4), np.float32))
+    with pytest.raises(lk.ShapeError, match=r"flatten it first"):
+        flat.vjp(np.ones((2, 3, 4, 4), np.float32))
+
+
+def test_shape_error_transposed_hints_and_scalar():
+    layer = lk.Linear(5, 3)
+    with pytest.raises(lk.ShapeError, match="is the weight transposed"):
+        layer(np.ones((2, 3), np.float32))
+    with pytest.raises(lk.ShapeError, match="is the input transposed"):
+        layer(np.ones((5, 7), np.float32))
+    with pytest.raises(lk.ShapeError, match="0-d input"):
+        layer(np.float32(1.0))
+    assert isinstance(lk.ShapeError("x"), ValueError)
+
+
+def test_dtype_policy_raises_like_torch_with_a_fix():
+    layer = lk.Linear(3, 2)
+    with pytest.raises(lk.DTypeError, match=r"expected a float32 input.*got float64") as info:
+        layer(np.ones((1, 3)))
+    assert "x.astype(np.float32)" in str(info.value) and "model.to(np.float64)" in str(info.value)
+    with pytest.raises(lk.DTypeError, match="integer or boolean data must be cast"):
+        layer(np.ones((1, 3), np.int64))
+    with pytest.raises(RuntimeError):  # PyTorch raises on a dtype mismatch too
+        torch.nn.Linear(3, 2)(torch.ones(1, 3, dtype=torch.float64))
+    assert isinstance(lk.DTypeError("x"), TypeError)
+    # A Python list has no dtype: it takes the layer's.
+    assert layer([[1.0, 2.0, 3.0]]).dtype == np.float32
+    assert layer.to(np.float64)(np.ones((1, 3))).dtype == np.float64
+
+
+@pytest.mark.parametrize("args, kind, text", [
+    ((-1, 5), ValueError, "LazyLinear"),
+    ((2.5, 5), TypeError, "non-negative int"),
+    ((3, -2), ValueError, "out_features must be a non-negative int"),
+    ((True, 5), TypeError, "non-negative int"),
+])
+def test_invalid_constructor_arguments(args, kind, text):
+    with pytest.raises(kind, match=text):
+        lk.Linear(*args)
+
+
+def test_invalid_dtype_argument():
+    with pytest.raises(TypeError, match="float16, float32 or float64"):
+        lk.Linear(2, 2, dtype=np.int32)
+
+
+def test_nan_and_inf_propagate_as_in_torch():
+    layer = lk.Linear(3, 2, dtype=np.float64, rng=np.random.default_rng(5))
+    x = np.array([[np.nan, 1.0, 2.0], [np.inf, 0.0, 0.0], [1.0, 2.0, 3.0]])
+    ours = layer(x)
+    theirs = torch_twin(layer)(torch.from_numpy(x)).detach().numpy()
+    np.testing.assert_array_equal(np.isnan(ours), np.isnan(theirs))
+    np.testing.assert_array_equal(np.isinf(ours), np.isinf(theirs))
+
+
+# --------------------------------------------------------------------------- init / misc
+def test_default_init_bounds_and_nonzero_bias():
+    layer = lk.Linear(400, 300, rng=np.random.default_rng(6))
+    bound = 1 / np.sqrt(400)
+    for p in (layer.weight.data, layer.bias.data):
+        assert p.min() >= -bound and p.max() <= bound and p.dtype == np.float32
+    assert np.abs(layer.bias.data).max() > bound / 2  # not zeros, whatever tutorials say
+    assert np.std(layer.weight.data) == pytest.approx(bound / np.sqrt(3), rel=0.02)
+
+
+def test_same_seed_same_weights():
+    lk.manual_seed(7)
+    a = lk.Linear(4, 3)
+    lk.manual_seed(7)
+    b = lk.Linear(4, 3)
+    np.testing.assert_array_equal(a.weight.data, b.weight.data)
+    c = lk.Linear(4, 3, rng=np.random.default_rng(1))
+    d = lk.Linear(4, 3, rng=np.random.default_rng(1))
+    np.testing.assert_array_equal(c.bias.data, d.bias.data)
+
+
+def test_repr_matches_torch():
+    assert repr(lk.Linear(20, 30)) == repr(torch.nn.Linear(20, 30))
+    assert repr(lk.Linear(2, 3, bias=False)) == repr(torch.nn.Linear(2, 3, bias=False))
+    assert repr(lk.Identity()) == repr(torch.nn.Identity())
+
+
+def test_zero_sized_layers():
+    empty_in = lk.Linear(0, 3)
+    y = empty_in(np.ones((4, 0), np.float32))
+    np.testing.assert_array_equal(y, np.broadcast_to(empty_in.bias.data, (4, 3)))
+    assert lk.Linear(3, 0)(np.ones((4, 3), np.float32)).shape == (4, 0)
+
+
+# -------------------------------------------------------------------------------- lazy
+def test_lazy_linear_infers_then_fixes_width():
+    lazy = lk.LazyLinear(4, rng=np.random.default_rng(0))
+    assert repr(lazy) == "LazyLinear(in_features=?, out_features=4, bias=True)"
+    assert list(lazy.parameters()) == [] and lazy.state_dict() == {}
+    clone = copy.deepcopy(lazy)
+    y = lazy(np.ones((2, 6), np.float32))
+    assert y.shape == (2, 4) and lazy.weight.shape == (4, 6) and type(lazy) is lk.Linear
+    with pytest.raises(lk.ShapeError, match=r"\(\*, 6\)"):
+        lazy(np.ones((2, 7), np.float32))
+    clone(np.ones((1, 9), np.float32))
+    assert clone.in_features == 9  # the copy was independent
+
+
+def test_lazy_linear_materializes_from_state_dict():
+    source = lk.Linear(6, 4, rng=np.random.default_rng(1))
+    lazy = lk.Sequential(lk.LazyLinear(4))
+    lazy.load_state_dict({f"0.{k}": v for k, v in source.state_dict().items()})
+    x = np.ones((2, 6), np.float32)
+    np.testing.assert_array_equal(lazy(x), source(x))
+
+
+def test_lazy_linear_vjp_and_same_init_as_linear():
+    lazy = lk.LazyLinear(3, rng=np.random.default_rng(2))
+    y, backward = lazy.vjp(np.ones((2, 5), np.float32))
+    backward(np.ones((2, 3), np.float32))
+    eager = lk.Linear(5, 3, rng=np.random.default_rng(2))
+    np.testing.assert_array_equal(lazy.weight.data, eager.weight.data)
+    assert lazy.weight.grad.shape == (3, 5)
+
+
+def test_identity_passes_through():
+    x = np.arange(6.0).reshape(2, 3)
+    y, backward = lk.Identity(54, unused="x").vjp(x)
+    assert y is x and backward(x) is x
+
+
+@settings(max_examples=40, deadline=None)
+@given(lead=st.lists(st.integers(0, 4), min_size=0, max_size=3),
+       in_f=st.integers(1, 6), out_f=st.integers(1, 6), bias=st.booleans(),
+       dtype=st.sampled_from(DTYPES))
+def test_property_shapes_and_dtypes(lead, in_f, out_f, bias, dtype):
+    layer = lk.Linear(in_f, out_f, bias=bias, dtype=dtype, rng=np.random.default_rng(0))
+    x = np.ones(tuple(lead) + (in_f,), dtype)
+    y, backward = layer.vjp(x)
+    assert y.shape == tuple(lead) + (out_f,) and y.dtype == dtype
+    dx = backward(np.ones_like(y))
+    assert dx.shape == x.shape and dx.dtype == dtype
+    assert layer.weight.grad.shape == (out_f, in_f) and layer.weight.grad.dtype == dtype
+    ref = x.reshape(-1, in_f) @ layer.weight.data.T + (layer.bias.data if bias else 0)
+    np.testing.assert_allclose(y.reshape(-1, out_f), ref, rtol=1e-6)
