@@ -180,10 +180,10 @@ class Module:
             )
         if params is not None:
             if isinstance(value, Parameter):
-                self._unregister(name)
+                self._unregister(name, keep=params)
                 params[name] = value
             elif isinstance(value, Module):
-                self._unregister(name)
+                self._unregister(name, keep=self._modules)
                 self._modules[name] = value
             elif name in params:
                 if value is not None:
@@ -206,20 +206,22 @@ class Module:
         self._unregister(name)
         object.__delattr__(self, name)
 
-    def _unregister(self, name: str) -> None:
+    def _unregister(self, name: str, keep: dict | None = None) -> None:
+        """Forget ``name`` in every registry but ``keep`` (where it keeps its position)."""
         for registry in (self._parameters, self._buffers, self._modules):
-            registry.pop(name, None)
+            if registry is not keep:
+                registry.pop(name, None)
         self._non_persistent.discard(name)
 
     def register_parameter(self, name: str, param: Parameter | None) -> None:
         """Register ``param`` (or a None placeholder, e.g. ``bias=False``) under ``name``."""
-        self._unregister(name)
+        self._unregister(name, keep=self._parameters)
         self._parameters[name] = param
         object.__setattr__(self, name, param)
 
     def register_buffer(self, name: str, array, persistent: bool = True) -> None:
         """Register a non-trainable array (e.g. running statistics) saved in ``state_dict``."""
-        self._unregister(name)
+        self._unregister(name, keep=self._buffers)
         array = None if array is None else np.asarray(array)
         self._buffers[name] = array
         if not persistent:
@@ -230,7 +232,7 @@ class Module:
         """Register a child module under ``name``."""
         if module is not None and not isinstance(module, Module):
             raise TypeError(f"{type(module).__name__} is not a Module subclass")
-        self._unregister(name)
+        self._unregister(name, keep=self._modules)
         self._modules[name] = module
         object.__setattr__(self, name, module)
 

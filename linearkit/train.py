@@ -15,7 +15,6 @@ import numpy as np
 from .layers import Linear, ReLU, Residual, Sequential
 from .losses import CrossEntropyLoss
 from .module import Module
-from .optim import Adam
 
 PAPER_ACCURACY = {"linear": 0.32, "mlp": 0.68}
 
@@ -69,6 +68,7 @@ def train(model_kind: str = "mlp", *, hidden: int = 100, steps: int = 6000, lr: 
     Batches are drawn by a seeded shuffling loader, reshuffled every epoch, drop_last.
     """
     from .data import DataLoader, mnist1d
+    from .optim import Adam
 
     data = dataset if dataset is not None else mnist1d()
     rng = np.random.default_rng(seed)
