@@ -204,3 +204,170 @@ def log_softmax(x: np.ndarray, dim: int = -1) -> np.ndarray:
 def log_softmax_backward(dy: np.ndarray, y: np.ndarray, dim: int = -1) -> np.ndarray:
     """Gradient of log_softmax from its output ``y``: ``dy - exp(y) Σ dy``."""
     return dy - np.exp(y) * np.sum(dy, axis=dim, keepdims=True)
+
+
+# ----------------------------------------------------------------------- normalization
+__all__ += [
+    "layer_norm", "layer_norm_forward", "layer_norm_backward",
+    "batch_norm", "batch_norm_forward", "batch_norm_backward",
+]
+
+
+def _mean(a: np.ndarray, axes: tuple, n: int) -> np.ndarray:
+    """Mean over ``axes`` (kept as size-1 dims), accumulated in float64, in ``a``'s dtype.
+
+    float64 accumulation keeps a float32 mean over a long axis-0 reduction (BatchNorm) exact to
+    float32 rounding. The mean of an empty reduction is 0 (no warning; the output is empty anyway).
+    """
+    s = np.sum(a, axis=axes, keepdims=True, dtype=np.float64)
+    if n:
+        s /= n
+    return s.astype(a.dtype)
+
+
+def _normalize(x: np.ndarray, axes: tuple, eps: float):
+    """``xhat = (x - mean) / sqrt(var + eps)`` over ``axes``, var biased; -> xhat, mean, var, rstd."""
+    n = math.prod(x.shape[a] for a in axes)
+    mean = _mean(x, axes, n)
+    xhat = x - mean
+    var = _mean(xhat * xhat, axes, n)
+    rstd = 1.0 / np.sqrt(var + eps)
+    xhat *= rstd
+    return xhat, mean, var, rstd
+
+
+def _scale_shift(xhat: np.ndarray, w, b, inplace: bool) -> np.ndarray:
+    """``xhat * w + b`` (either may be None); writes into ``xhat`` when ``inplace``."""
+    if w is not None:
+        y = np.multiply(xhat, w, out=xhat if inplace else None)
+    else:
+        y = xhat if inplace else xhat.copy()
+    if b is not None:
+        y += b
+    return y
+
+
+def _norm_backward(dy, xhat, rstd, w, param_axes, stat_axes, need_dx, need_dw, need_db):
+    """Shared backward of ``y = xhat * w + b``, ``xhat = (x - mean) * rstd``.
+
+    ``param_axes``: the axes dw and db are summed over. ``stat_axes``: the axes mean and var were
+    taken over (their gradient flows into dx), or None when they were constants (eval mode):
+    ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`` with ``g = dy * w``, else ``g * rstd``.
+    """
+    dx = dw = db = None
+    if need_dw:
+        dw = np.sum(dy * xhat, axis=param_axes, dtype=np.float64).astype(dy.dtype)
+    if need_db:
+        db = np.sum(dy, axis=param_axes, dtype=np.float64).astype(dy.dtype)
+    if need_dx:
+        g = dy if w is None else dy * w
+        if stat_axes is None:
+            dx = g * rstd
+        else:
+            n = math.prod(dy.shape[a] for a in stat_axes)
+            dx = g - _mean(g, stat_axes, n)
+            dx -= xhat * _mean(g * xhat, stat_axes, n)
+            dx *= rstd
+    return dx, dw, db
+
+
+def _ln_axes(x_ndim: int, normalized_shape) -> tuple:
+    k = 1 if isinstance(normalized_shape, (int, np.integer)) else len(normalized_shape)
+    return tuple(range(x_ndim - k, x_ndim))
+
+
+def layer_norm_forward(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
+    """``layer_norm`` that also returns what its backward needs: ``(y, xhat, rstd)``.
+
+    ``xhat`` has x's shape; ``rstd = 1/sqrt(var + eps)`` has x's shape with the normalized dims
+    set to 1. ``y`` never aliases ``xhat``.
+    """
+    xhat, _, _, rstd = _normalize(x, _ln_axes(x.ndim, normalized_shape), eps)
+    return _scale_shift(xhat, weight, bias, inplace=False), xhat, rstd
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> np.ndarray:
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` over the trailing ``normalized_shape`` dims.
+
+    Shapes: x ``(*, *normalized_shape)``; weight and bias ``normalized_shape`` or None -> y like x.
+    The variance is biased (divides by the number of normalized elements), as in PyTorch.
+    """
+    xhat, _, _, _ = _normalize(x, _ln_axes(x.ndim, normalized_shape), eps)
+    return _scale_shift(xhat, weight, bias, inplace=True)
+
+
+def layer_norm_backward(dy, xhat, rstd, normalized_shape, weight=None,
+                        need_dx: bool = True, need_dw: bool = True, need_db: bool = True):
+    """Gradients ``(dx, dweight, dbias)`` of ``layer_norm`` from ``layer_norm_forward``'s saves.
+
+    dweight and dbias have ``normalized_shape``; a gradient not asked for is None. Every returned
+    array is freshly allocated.
+    """
+    stat_axes = _ln_axes(dy.ndim, normalized_shape)
+    param_axes = tuple(range(dy.ndim - len(stat_axes)))
+    return _norm_backward(dy, xhat, rstd, weight, param_axes, stat_axes, need_dx, need_dw, need_db)
+
+
+def _bn_axes(x: np.ndarray):
+    return (0,) + tuple(range(2, x.ndim)), (-1,) + (1,) * (x.ndim - 2)
+
+
+def _batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps, inplace):
+    axes, shape = _bn_axes(x)
+    n = math.prod(x.shape[a] for a in axes)
+    if training:
+        if n == 1:
+            raise ValueError("Expected more than 1 value per channel when training, got input "
+                             f"of shape {x.shape}")
+        xhat, mean, var, rstd = _normalize(x, axes, eps)
+        if n > 0 and running_mean is not None:
+            running_mean *= 1.0 - momentum
+            running_mean += momentum * mean.reshape(-1)
+        if n > 0 and running_var is not None:
+            running_var *= 1.0 - momentum
+            running_var += (momentum * n / (n - 1)) * var.reshape(-1)
+    else:
+        if running_mean is None or running_var is None:
+            raise ValueError("batch_norm with training=False needs running_mean and running_var")
+        rstd = 1.0 / np.sqrt(running_var.reshape(shape) + eps)
+        xhat = x - running_mean.reshape(shape)
+        xhat *= rstd
+    w = None if weight is None else weight.reshape(shape)
+    b = None if bias is None else bias.reshape(shape)
+    return _scale_shift(xhat, w, b, inplace), xhat, rstd
+
+
+def batch_norm_forward(x, running_mean=None, running_var=None, weight=None, bias=None,
+                       training: bool = False, momentum: float = 0.1, eps: float = 1e-5):
+    """``batch_norm`` that also returns what its backward needs: ``(y, xhat, rstd)``.
+
+    ``rstd`` has shape ``(1, C, 1...)``: from the batch when training, else from running_var.
+    ``y`` never aliases ``xhat``.
+    """
+    return _batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps, False)
+
+
+def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None,
+               training: bool = False, momentum: float = 0.1, eps: float = 1e-5) -> np.ndarray:
+    """Normalize each channel (dim 1) of x ``(N, C, *)``, as ``torch.nn.functional.batch_norm``.
+
+    ``training=True``: batch mean and biased variance over every dim but 1; running_mean and
+    running_var (``(C,)``, if given) are updated in place with ``momentum`` and the *unbiased*
+    batch variance (unchanged for an empty batch). ``training=False``: the running statistics.
+    weight and bias ``(C,)`` or None. A ValueError when training sees one value per channel.
+    """
+    return _batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps,
+                       True)[0]
+
+
+def batch_norm_backward(dy, xhat, rstd, weight=None, training: bool = True,
+                        need_dx: bool = True, need_dw: bool = True, need_db: bool = True):
+    """Gradients ``(dx, dweight, dbias)`` of ``batch_norm`` from ``batch_norm_forward``'s saves.
+
+    ``training`` must be the value the forward used: batch statistics pass gradient to dx, running
+    statistics are constants. dweight and dbias have shape ``(C,)``; all fresh arrays.
+    """
+    axes, shape = _bn_axes(dy)
+    w = None if weight is None else weight.reshape(shape)
+    return _norm_backward(dy, xhat, rstd, w, axes, axes if training else None,
+                          need_dx, need_dw, need_db)

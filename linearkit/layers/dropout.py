@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from ..module import Module
@@ -19,10 +21,12 @@ class Dropout(Module):
 
     def __init__(self, p: float = 0.5, *, rng: np.random.Generator | None = None):
         super().__init__()
-        if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p <= 1.0:
+        if not isinstance(p, numbers.Real) or isinstance(p, bool) or not 0.0 <= p <= 1.0:
             raise ValueError(f"dropout probability has to be between 0 and 1, but got {p!r}")
         self.p = float(p)
-        self._rng = rng
+        # An int seed becomes one Generator now: resolving it per call would reseed every call
+        # and draw the same mask each step. None stays None (the library's generator, per call).
+        self._rng = None if rng is None else resolve(rng)
 
     def _mask(self, x: np.ndarray) -> np.ndarray:
         """Keep-mask already scaled by 1/(1-p), in x's dtype."""

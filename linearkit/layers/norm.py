@@ -1,6 +1,253 @@
-"""LayerNorm and BatchNorm1d. (TEMPORARY placeholder, being written now.)"""
-from ..module import Module
+"""LayerNorm and BatchNorm1d, with PyTorch's semantics (statistics, running buffers, repr)."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .. import functional as F
+from ..errors import ShapeError
+from ..module import Module, Parameter
+from ._checks import as_input, feature_count, float_dtype
+
+__all__ = ["LayerNorm", "BatchNorm1d"]
+
+
+def _ones_zeros(module: Module) -> None:
+    """The affine parameters' init: weight <- ones, bias <- zeros (in place; None is skipped)."""
+    for p, value in ((module.weight, 1), (module.bias, 0)):
+        if p is not None:
+            p.data[...] = value
+
+
+def _backward(grads, w: Parameter | None, b: Parameter | None, input_grad: bool):
+    """The vjp closure: ``grads(dy, w_data, need_dx, need_dw, need_db) -> (dx, dw, db)``, then
+    dw and db are added into the trainable parameters' ``.grad``; returns dx (None if not wanted).
+    """
+
+    def backward(dy: np.ndarray):
+        dx, dw, db = grads(dy, None if w is None else w.data, input_grad,
+                           w is not None and w.requires_grad, b is not None and b.requires_grad)
+        if dw is not None:
+            w.accumulate(dw)
+        if db is not None:
+            b.accumulate(db)
+        return dx
+
+    return backward
+
+
 class LayerNorm(Module):
-    pass
+    """Normalize over the trailing ``normalized_shape`` dims: ``(x - E[x]) / sqrt(Var[x] + eps)``.
+
+    Parameters
+    ----------
+    normalized_shape : int or tuple of ints
+        The trailing dimensions to normalize over (an int means a tuple of one).
+    eps : float
+        Added to the variance for stability (default 1e-5).
+    elementwise_affine : bool
+        Learn a per-element ``weight`` (and ``bias``) applied after normalizing (default True).
+    bias : bool
+        Learn the ``bias`` too (default True; ignored when ``elementwise_affine=False``).
+    dtype : float32 (default) or float64.
+
+    Shape
+    -----
+    x ``(*, *normalized_shape)`` -> y of the same shape. ``*`` may be empty or hold a 0.
+    The variance is biased (divides by the number of normalized elements), as in PyTorch.
+
+    Attributes
+    ----------
+    weight : Parameter ``normalized_shape`` or None, initialized to ones.
+    bias : Parameter ``normalized_shape`` or None, initialized to zeros.
+
+    Examples
+    --------
+    >>> import numpy as np, linearkit as lk
+    >>> ln = lk.LayerNorm(4)
+    >>> ln
+    LayerNorm((4,), eps=1e-05, elementwise_affine=True, bias=True)
+    >>> ln(np.arange(8, dtype=np.float32).reshape(2, 4)).mean(axis=-1)
+    array([0., 0.], dtype=float32)
+    """
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True, *, dtype=np.float32):
+        super().__init__()
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(feature_count("normalized_shape", d)
+                                      for d in normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        self.dtype = float_dtype(dtype)
+        shape = self.normalized_shape
+        self.register_parameter("weight", Parameter(np.ones(shape, self.dtype))
+                                if elementwise_affine else None)
+        self.register_parameter("bias", Parameter(np.zeros(shape, self.dtype))
+                                if elementwise_affine and bias else None)
+
+    def reset_parameters(self) -> None:
+        """weight <- ones, bias <- zeros."""
+        _ones_zeros(self)
+
+    def _input(self, x) -> np.ndarray:
+        x = as_input(self, x, self.dtype)
+        k = len(self.normalized_shape)
+        if x.ndim < k or x.shape[x.ndim - k:] != self.normalized_shape:
+            dims = ", ".join(map(str, self.normalized_shape))
+            hint = None
+            if k == 1 and self.normalized_shape[0] in x.shape:
+                axis = x.shape.index(self.normalized_shape[0])
+                hint = (f"LayerNorm normalizes the last dimension; the size "
+                        f"{self.normalized_shape[0]} is at dim {axis}: move it last with "
+                        f"np.moveaxis(x, {axis}, -1)")
+            raise ShapeError(f"expected input of shape (*, {dims}), got {x.shape}",
+                             module=self, hint=hint)
+        return x
+
+    def _params(self):
+        return tuple(None if p is None else p.data for p in (self.weight, self.bias))
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """``(*, *normalized_shape) -> (*, *normalized_shape)``."""
+        return F.layer_norm(self._input(x), self.normalized_shape, *self._params(), self.eps)
+
+    def vjp(self, x: np.ndarray, input_grad: bool = True):
+        """Forward plus ``backward(dy) -> dx``; adds dweight and dbias into ``.grad``."""
+        x = self._input(x)
+        y, xhat, rstd = F.layer_norm_forward(x, self.normalized_shape, *self._params(), self.eps)
+        shape = self.normalized_shape
+        return y, _backward(lambda dy, w, *need: F.layer_norm_backward(dy, xhat, rstd, shape, w,
+                                                                       *need),
+                            self.weight, self.bias, input_grad)
+
+    def extra_repr(self) -> str:
+        return (f"{self.normalized_shape}, eps={self.eps}, "
+                f"elementwise_affine={self.elementwise_affine}, bias={self.bias is not None}")
+
+
 class BatchNorm1d(Module):
-    pass
+    """Normalize each channel over the batch (and length), as ``torch.nn.BatchNorm1d``.
+
+    Parameters
+    ----------
+    num_features : int
+        ``C``, the number of channels (dim 1 of the input).
+    eps : float
+        Added to the variance for stability (default 1e-5).
+    momentum : float or None
+        Weight of the new batch in the running statistics (default 0.1);
+        None means a cumulative average, ``1 / num_batches_tracked``.
+    affine : bool
+        Learn a per-channel ``weight`` and ``bias`` (default True).
+    track_running_stats : bool
+        Keep running statistics and use them in eval mode (default True). When False, batch
+        statistics are used in both modes and the buffers are None.
+    bias : bool, keyword-only
+        Learn the ``bias`` too (default True; ignored when ``affine=False``), as PyTorch 2.13.
+    dtype : float32 (default) or float64.
+
+    Shape
+    -----
+    x ``(N, C)`` or ``(N, C, L)`` -> y of the same shape. Training needs more than one value
+    per channel (``N * L > 1``); an empty batch gives an empty output.
+
+    Attributes
+    ----------
+    weight, bias : Parameter ``(C,)`` or None, initialized to ones and zeros.
+    running_mean, running_var : buffer ``(C,)`` or None, initialized to zeros and ones; updated in
+        training as ``(1 - momentum) * running + momentum * batch`` with the *unbiased* batch
+        variance (the normalization itself uses the biased one).
+    num_batches_tracked : buffer, 0-d int64: training forward calls so far.
+
+    Examples
+    --------
+    >>> import numpy as np, linearkit as lk
+    >>> bn = lk.BatchNorm1d(3)
+    >>> y = bn(np.arange(12, dtype=np.float32).reshape(4, 3))
+    >>> bn.running_mean.round(3), int(bn.num_batches_tracked)
+    (array([0.45, 0.55, 0.65], dtype=float32), 1)
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
+                 affine: bool = True, track_running_stats: bool = True, *, bias: bool = True,
+                 dtype=np.float32):
+        super().__init__()
+        self.num_features = c = feature_count("num_features", num_features)
+        self.eps = eps
+        self.momentum = momentum
+        self.affine = affine
+        self.track_running_stats = track_running_stats
+        self.dtype = float_dtype(dtype)
+        self.register_parameter("weight", Parameter(np.ones(c, self.dtype)) if affine else None)
+        self.register_parameter("bias", Parameter(np.zeros(c, self.dtype))
+                                if affine and bias else None)
+        tracked = track_running_stats
+        self.register_buffer("running_mean", np.zeros(c, self.dtype) if tracked else None)
+        self.register_buffer("running_var", np.ones(c, self.dtype) if tracked else None)
+        self.register_buffer("num_batches_tracked", np.array(0, np.int64) if tracked else None)
+
+    def reset_running_stats(self) -> None:
+        """running_mean <- 0, running_var <- 1, num_batches_tracked <- 0 (in place)."""
+        if self.track_running_stats:
+            self.running_mean[...] = 0
+            self.running_var[...] = 1
+            self.num_batches_tracked[...] = 0
+
+    def reset_parameters(self) -> None:
+        """Reset the running statistics, then weight <- ones, bias <- zeros."""
+        self.reset_running_stats()
+        _ones_zeros(self)
+
+    def _prepare(self, x):
+        """Check x, bump num_batches_tracked in training; -> (x, F.batch_norm's arguments)."""
+        x = as_input(self, x, self.dtype)
+        c = self.num_features
+        if x.ndim not in (2, 3) or x.shape[1] != c:
+            hint = None
+            if x.ndim == 1 and x.shape[0] == c:
+                hint = "a single sample: add a batch dimension with x[None]"
+            elif x.ndim == 3 and x.shape[2] == c:
+                hint = "channels go in dim 1: x.transpose(0, 2, 1) turns (N, L, C) into (N, C, L)"
+            raise ShapeError(f"expected input of shape (N, {c}) or (N, {c}, L), got {x.shape}",
+                             module=self, hint=hint)
+        running = self.running_mean, self.running_var
+        batch_stats = self.training or running[0] is None or running[1] is None
+        if batch_stats and x.size // max(c, 1) == 1:
+            raise ShapeError(f"Expected more than 1 value per channel when training, got input "
+                             f"of shape {x.shape}", module=self,
+                             hint="use a batch of at least 2 samples, or call .eval() first "
+                                  "to normalize with the running statistics")
+        factor = 0.0
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked += 1
+            factor = (1.0 / int(self.num_batches_tracked) if self.momentum is None
+                      else self.momentum)
+        params = (None if p is None else p.data for p in (self.weight, self.bias))
+        return x, (*running, *params, batch_stats, factor, self.eps)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """``(N, C[, L]) -> (N, C[, L])``; in training also updates the running statistics."""
+        x, args = self._prepare(x)
+        return F.batch_norm(x, *args)
+
+    def vjp(self, x: np.ndarray, input_grad: bool = True):
+        """Forward plus ``backward(dy) -> dx``; adds dweight and dbias into ``.grad``.
+
+        In training (or without running statistics) the gradient flows through the batch mean
+        and variance; in eval mode the running statistics are constants.
+        """
+        x, args = self._prepare(x)
+        y, xhat, rstd = F.batch_norm_forward(x, *args)
+        batch_stats = args[4]
+        return y, _backward(lambda dy, w, *need: F.batch_norm_backward(dy, xhat, rstd, w,
+                                                                       batch_stats, *need),
+                            self.weight, self.bias, input_grad)
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+                f"affine={self.affine}, bias={self.bias is not None}, "
+                f"track_running_stats={self.track_running_stats}")

@@ -1,0 +1,341 @@
+"""LayerNorm and BatchNorm1d against torch.nn: forward, every gradient, running statistics."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import linearkit as lk
+from linearkit import functional as F
+from linearkit.errors import DTypeError, ShapeError
+
+DTYPES = [np.float32, np.float64]
+TORCH = {np.float32: torch.float32, np.float64: torch.float64}
+
+
+def close(ours, theirs, **tol):
+    """assert_close with torch's default tolerances for the dtype (dtype must match too)."""
+    torch.testing.assert_close(torch.from_numpy(np.array(ours)), theirs.detach(), **tol)
+
+
+def pair(kind, dtype, rng, *args, **kwargs):
+    """A linearkit module and its torch twin with the same (random, non-trivial) parameters."""
+    ours = getattr(lk, kind)(*args, **kwargs, dtype=dtype)
+    for p in ours.parameters():
+        p.data[...] = rng.normal(1.0, 0.5, p.shape)
+    theirs = getattr(torch.nn, kind)(*args, **kwargs, dtype=TORCH[dtype])
+    theirs.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in ours.state_dict().items()})
+    return ours, theirs
+
+
+def run_both(ours, theirs, x, dy, **tol):
+    """vjp on ours, autograd on theirs; returns (y, dx, x_t, y_t) after comparing y and dx."""
+    x_t = torch.from_numpy(x.copy()).requires_grad_()
+    y_t = theirs(x_t)
+    y_t.backward(torch.from_numpy(dy))
+    y, backward = ours.vjp(x)
+    dx = backward(dy)
+    close(y, y_t)
+    close(dx, x_t.grad, **tol)
+    for name, p in theirs.named_parameters():
+        close(getattr(ours, name).grad, p.grad, **tol)
+    return y, dx
+
+
+def data(rng, shape, dtype, scale=3.0, shift=2.0):
+    return (rng.normal(shift, scale, shape)).astype(dtype)
+
+
+# ----------------------------------------------------------------------------- LayerNorm
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, normalized", [
+    ((4, 8), 8), ((2, 3, 8), (8,)), ((2, 3, 4, 5), (4, 5)), ((6,), 6), ((3, 4, 5), (3, 4, 5)),
+    ((0, 8), 8), ((5, 1), 1),
+])
+@pytest.mark.parametrize("affine", [{}, {"bias": False}, {"elementwise_affine": False}])
+def test_layer_norm_matches_torch(dtype, shape, normalized, affine):
+    rng = np.random.default_rng(0)
+    ours, theirs = pair("LayerNorm", dtype, rng, normalized, **affine)
+    x, dy = data(rng, shape, dtype), data(rng, shape, dtype, 1.0, 0.0)
+    # One normalized element: the exact dx is 0 and ours is; torch's float32 rounding leaves
+    # ~eps32 * rstd (rstd = 1/sqrt(eps) ~ 316) behind, so allow that much.
+    tol = {"rtol": 0, "atol": 1e-4} if x.shape[-1] == 1 and dtype == np.float32 else {}
+    y, dx = run_both(ours, theirs, x, dy, **tol)
+    assert y.dtype == dx.dtype == dtype and y.shape == dx.shape == shape
+    np.testing.assert_array_equal(ours(x), y)
+    assert [k for k in ours.state_dict()] == list(theirs.state_dict())
+    assert repr(ours) == repr(theirs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_eps_and_functional(dtype):
+    rng = np.random.default_rng(1)
+    x = data(rng, (3, 5), dtype, scale=1e-3, shift=0.0)  # variance ~ eps: eps matters
+    w, b = data(rng, 5, dtype), data(rng, 5, dtype)
+    t = [torch.from_numpy(a) for a in (x, w, b)]
+    for eps in (1e-5, 1e-2):
+        close(F.layer_norm(x, 5, w, b, eps), torch.nn.functional.layer_norm(t[0], (5,), *t[1:], eps))
+    close(F.layer_norm(x, (5,)), torch.nn.functional.layer_norm(t[0], (5,)))
+
+
+def _error_vs_float64(ours, theirs, x, axis):
+    """Max error of our and torch's float32 output against float64 math on the same inputs."""
+    x64 = x.astype(np.float64)
+    ref = (x64 - x64.mean(axis, keepdims=True)) / np.sqrt(x64.var(axis, keepdims=True) + 1e-5)
+    return (np.abs(ours(x) - ref).max(),
+            np.abs(theirs(torch.from_numpy(x)).detach().numpy() - ref).max())
+
+
+def test_layer_norm_large_offset_float32():
+    """A large common offset (1e4 + N(0, 1)): float32 keeps ~1 ulp of the offset, at least as
+    accurate as torch (which is off by up to ~1.5e-3 here, beyond its own default tolerance)."""
+    x = data(np.random.default_rng(2), (4, 256), np.float32, scale=1.0, shift=1e4)
+    ours, theirs = lk.LayerNorm(256), torch.nn.LayerNorm(256)
+    err, err_torch = _error_vs_float64(ours, theirs, x, -1)
+    assert err <= min(err_torch, 1e-3)  # an ulp of 1e4 in float32 is 9.8e-4
+
+
+def test_layer_norm_errors_and_repr():
+    ln = lk.LayerNorm(8)
+    assert ln.normalized_shape == (8,) and lk.LayerNorm([2, 3]).normalized_shape == (2, 3)
+    assert repr(ln) == "LayerNorm((8,), eps=1e-05, elementwise_affine=True, bias=True)"
+    np.testing.assert_array_equal(ln.weight.data, np.ones(8, np.float32))
+    np.testing.assert_array_equal(ln.bias.data, np.zeros(8, np.float32))
+    with pytest.raises(ShapeError, match=r"expected input of shape \(\*, 8\), got \(8, 3\)") as e:
+        ln(np.zeros((8, 3), np.float32))
+    assert "np.moveaxis(x, 0, -1)" in str(e.value)
+    with pytest.raises(ShapeError):
+        ln.vjp(np.zeros((2, 7), np.float32))
+    with pytest.raises(ShapeError):
+        lk.LayerNorm((2, 3))(np.zeros(3, np.float32))
+    with pytest.raises(DTypeError):
+        ln(np.zeros((2, 8), np.float64))
+    with pytest.raises(TypeError):
+        lk.LayerNorm(2.5)
+    with pytest.raises(ValueError):
+        lk.LayerNorm((4, -1))
+
+
+# ----------------------------------------------------------------------------- BatchNorm1d
+BN_CONFIGS = [{}, {"affine": False}, {"bias": False}, {"track_running_stats": False},
+              {"momentum": None}]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(8, 4), (5, 4, 3), (1, 4, 2)])
+@pytest.mark.parametrize("config", BN_CONFIGS)
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_matches_torch(dtype, shape, config, training):
+    rng = np.random.default_rng(3)
+    ours, theirs = pair("BatchNorm1d", dtype, rng, 4, **config)
+    if ours.track_running_stats:  # non-trivial running statistics for eval mode
+        ours.running_mean[...] = rng.normal(size=4)
+        ours.running_var[...] = rng.uniform(0.5, 2.0, 4)
+        theirs.running_mean.copy_(torch.from_numpy(ours.running_mean))
+        theirs.running_var.copy_(torch.from_numpy(ours.running_var))
+    ours.train(training), theirs.train(training)
+    x, dy = data(rng, shape, dtype), data(rng, shape, dtype, 1.0, 0.0)
+    y, dx = run_both(ours, theirs, x, dy)
+    assert y.dtype == dx.dtype == dtype
+    for name, buf in theirs.named_buffers():
+        close(getattr(ours, name), buf)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    assert repr(ours) == repr(theirs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("momentum", [0.1, None, 0.7])
+def test_running_stats_follow_torch(dtype, momentum):
+    """Training steps (forward and vjp, (N, C) and (N, C, L) alike), an eval step in between,
+    then eval: buffers and outputs equal torch's after every step."""
+    rng = np.random.default_rng(4)
+    ours, theirs = pair("BatchNorm1d", dtype, rng, 3, momentum=momentum)
+    for step in range(7):
+        training = step != 4
+        ours.train(training), theirs.train(training)
+        x = data(rng, (6, 3) if step % 3 else (4, 3, 5), dtype, scale=1.0 + step, shift=step)
+        y_t = theirs(torch.from_numpy(x))
+        y = ours(x) if step % 2 else ours.vjp(x)[0]
+        close(y, y_t)
+        close(ours.running_mean, theirs.running_mean)
+        close(ours.running_var, theirs.running_var)
+        close(ours.num_batches_tracked, theirs.num_batches_tracked)
+    assert ours.num_batches_tracked.dtype == np.int64 and ours.num_batches_tracked.shape == ()
+    assert int(ours.num_batches_tracked) == 6
+    ours.eval(), theirs.eval()
+    x = data(rng, (5, 3, 2), dtype)
+    close(ours(x), theirs(torch.from_numpy(x)))
+
+
+def test_running_var_is_unbiased_and_normalization_biased():
+    bn = lk.BatchNorm1d(1, momentum=1.0, dtype=np.float64)
+    x = np.array([[1.0], [2.0], [3.0], [6.0]])
+    y = bn(x)
+    np.testing.assert_allclose(bn.running_var, [x.var(ddof=1)])
+    np.testing.assert_allclose(bn.running_mean, [3.0])
+    np.testing.assert_allclose(y[:, 0], (x[:, 0] - 3.0) / np.sqrt(x.var() + 1e-5))
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (0, 3, 4), (2, 3, 0)])
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_empty_batch(shape, training):
+    rng = np.random.default_rng(5)
+    ours, theirs = pair("BatchNorm1d", np.float32, rng, 3)
+    warm = data(rng, (4, 3), np.float32)  # non-trivial running statistics first
+    ours(warm), theirs(torch.from_numpy(warm))
+    ours.train(training), theirs.train(training)
+    x = np.zeros(shape, np.float32)
+    run_both(ours, theirs, x, x.copy())
+    for name, buf in theirs.named_buffers():
+        close(getattr(ours, name), buf)
+
+
+@pytest.mark.parametrize("shape", [(1, 3), (1, 3, 1)])
+def test_one_value_per_channel(shape):
+    bn = lk.BatchNorm1d(3)
+    x = np.ones(shape, np.float32)
+    with pytest.raises(ValueError):
+        torch.nn.BatchNorm1d(3)(torch.from_numpy(x))
+    for call in (bn, bn.vjp):
+        with pytest.raises(ShapeError, match="Expected more than 1 value per channel when training"):
+            call(x)
+    assert int(bn.num_batches_tracked) == 0  # the failed call changed nothing
+    np.testing.assert_array_equal(bn.running_mean, np.zeros(3, np.float32))
+    assert bn.eval()(x).shape == shape  # eval uses the running statistics: fine
+    with pytest.raises(ShapeError, match="more than 1 value"):  # no running stats: batch stats
+        lk.BatchNorm1d(3, track_running_stats=False).eval()(x)
+    with pytest.raises(ValueError, match="more than 1 value"):
+        F.batch_norm(x, training=True)
+
+
+def test_batch_norm_shape_and_dtype_errors():
+    bn = lk.BatchNorm1d(4)
+    with pytest.raises(ShapeError, match=r"x\[None\]"):
+        bn(np.zeros(4, np.float32))
+    with pytest.raises(ShapeError, match=r"transpose\(0, 2, 1\)"):
+        bn(np.zeros((2, 5, 4), np.float32))
+    with pytest.raises(ShapeError, match=r"\(N, 4\) or \(N, 4, L\)"):
+        bn(np.zeros((2, 4, 3, 3), np.float32))
+    with pytest.raises(ShapeError):
+        bn.vjp(np.zeros((2, 3), np.float32))
+    with pytest.raises(DTypeError):
+        bn(np.zeros((2, 4), np.float64))
+    with pytest.raises(DTypeError):
+        bn(np.zeros((2, 4), np.int64))
+    assert int(bn.num_batches_tracked) == 0
+    with pytest.raises(ValueError, match="running_mean"):
+        F.batch_norm(np.zeros((2, 4)), training=False)
+
+
+def test_batch_norm_repr_defaults_and_state_dict():
+    bn = lk.BatchNorm1d(10)
+    assert repr(bn) == ("BatchNorm1d(10, eps=1e-05, momentum=0.1, affine=True, bias=True, "
+                        "track_running_stats=True)")
+    assert "momentum=None" in repr(lk.BatchNorm1d(2, momentum=None))
+    sd = bn.state_dict()
+    assert list(sd) == ["weight", "bias", "running_mean", "running_var", "num_batches_tracked"]
+    np.testing.assert_array_equal(sd["running_var"], np.ones(10, np.float32))
+    assert sd["running_mean"].dtype == np.float32 and sd["num_batches_tracked"].dtype == np.int64
+    assert [n for n, _ in bn.named_buffers()] == ["running_mean", "running_var",
+                                                  "num_batches_tracked"]
+    theirs = torch.nn.BatchNorm1d(10)
+    theirs.train()(torch.randn(8, 10))
+    bn.load_state_dict(theirs.state_dict())
+    close(bn.running_mean, theirs.running_mean)
+    assert int(bn.num_batches_tracked) == 1
+    bn.reset_parameters()
+    assert int(bn.num_batches_tracked) == 0 and not bn.running_mean.any()
+
+
+def test_state_dict_round_trip_and_to_float64():
+    bn = lk.BatchNorm1d(3)
+    bn(np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32))
+    other = lk.BatchNorm1d(3)
+    other.load_state_dict(bn.state_dict())
+    np.testing.assert_array_equal(other.running_var, bn.running_var)
+    bn.to(np.float64)
+    assert bn.running_mean.dtype == np.float64 and bn.num_batches_tracked.dtype == np.int64
+    bn(np.ones((2, 3)))
+    assert int(bn.num_batches_tracked) == 2
+
+
+@pytest.mark.parametrize("kind, arg, shape", [("LayerNorm", 4, (3, 4)),
+                                              ("BatchNorm1d", 4, (3, 4, 2))])
+def test_grad_protocol(kind, arg, shape):
+    """input_grad=False, frozen parameters, accumulation, reuse, fresh grad arrays."""
+    rng = np.random.default_rng(6)
+    m, _ = pair(kind, np.float64, rng, arg)
+    x, dy = data(rng, shape, np.float64), data(rng, shape, np.float64)
+    dx_full = m.vjp(x)[1](dy)
+    g_w, g_b = m.weight.grad.copy(), m.bias.grad.copy()
+    assert not np.shares_memory(m.weight.grad, dy) and not np.shares_memory(m.bias.grad, dy)
+    assert m.vjp(x, input_grad=False)[1](dy) is None
+    np.testing.assert_allclose(m.weight.grad, 2 * g_w)
+    m.zero_grad()
+    m.weight.requires_grad = False
+    np.testing.assert_allclose(m.vjp(x)[1](dy), dx_full)
+    assert m.weight.grad is None
+    np.testing.assert_allclose(m.bias.grad, g_b)
+    m.zero_grad()
+    m.weight.requires_grad = True
+    (_, b1), (_, b2) = m.vjp(x), m.vjp(x)  # used twice in one forward: contributions sum
+    b1(dy), b2(dy)
+    np.testing.assert_allclose(m.weight.grad, 2 * g_w)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_matches_finite_differences(training):
+    """An independent check of the analytic backward (float64, central differences)."""
+    rng = np.random.default_rng(7)
+    bn, _ = pair("BatchNorm1d", np.float64, rng, 2)
+    bn.train(training)
+    x, dy = data(rng, (3, 2, 2), np.float64), data(rng, (3, 2, 2), np.float64)
+    momentum, bn.momentum = bn.momentum, 0.0  # keep the running stats fixed while probing
+    dx = bn.vjp(x)[1](dy)
+    numeric = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        e = np.zeros_like(x)
+        e[i] = 1e-6
+        numeric[i] = np.sum(dy * (bn(x + e) - bn(x - e))) / 2e-6
+    np.testing.assert_allclose(dx, numeric, rtol=1e-6, atol=1e-8)
+    bn.momentum = momentum
+
+
+def test_functional_batch_norm_matches_torch():
+    rng = np.random.default_rng(8)
+    x = data(rng, (6, 3, 2), np.float64)
+    w, b = data(rng, 3, np.float64), data(rng, 3, np.float64)
+    rm, rv = np.zeros(3), np.ones(3)
+    rm_t, rv_t = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    for training in (True, True, False):
+        y_t = torch.nn.functional.batch_norm(torch.from_numpy(x), rm_t, rv_t, torch.from_numpy(w),
+                                             torch.from_numpy(b), training, 0.2, 1e-3)
+        close(F.batch_norm(x, rm, rv, w, b, training, 0.2, 1e-3), y_t)
+        close(rm, rm_t), close(rv, rv_t)
+
+
+def test_batch_norm_long_batch_float32():
+    """Axis-0 statistics over many rows: float64 accumulation keeps float32 exact to rounding;
+    a float32 running sum (torch: ~2e-4 off here) would not."""
+    x = data(np.random.default_rng(9), (20000, 4), np.float32, scale=1.0, shift=100.0)
+    err, err_torch = _error_vs_float64(lk.BatchNorm1d(4), torch.nn.BatchNorm1d(4), x, 0)
+    assert err <= min(err_torch, 1e-5)
+
+
+@settings(max_examples=30, deadline=None, database=None)
+@given(st.sampled_from(DTYPES), st.lists(st.integers(0, 4), min_size=0, max_size=2),
+       st.lists(st.integers(2, 5), min_size=1, max_size=2), st.booleans(), st.integers(0, 2**16))
+def test_property_matches_torch(dtype, lead, norm, use_bn, seed):
+    """Random shapes and dtypes: LayerNorm over trailing dims, BatchNorm1d on (N, C[, L]).
+
+    Normalized sizes start at 2 (a single normalized element is covered above, with a tolerance).
+    """
+    rng = np.random.default_rng(seed)
+    if use_bn:
+        shape = (2 + len(lead), norm[0]) + tuple(n + 1 for n in lead[:1])
+        ours, theirs = pair("BatchNorm1d", dtype, rng, norm[0])
+    else:
+        shape = tuple(lead) + tuple(norm)
+        ours, theirs = pair("LayerNorm", dtype, rng, tuple(norm))
+    run_both(ours, theirs, data(rng, shape, dtype), data(rng, shape, dtype, 1.0, 0.0))
