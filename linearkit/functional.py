@@ -53,13 +53,14 @@ def linear_backward(
 
     Shapes: dy ``(*, out)``, x ``(*, in)``, weight ``(out, in)`` ->
     dx ``(*, in)``, dW ``(out, in)``, db ``(out,)``. A gradient not asked for is ``None`` and
-    its GEMM is never run. Every returned array is freshly allocated (never a view of dy or x).
+    its GEMM is never run (``x`` is only read for dW, so it may be None when ``need_dw`` is False).
+    Every returned array is freshly allocated (never a view of dy or x).
     """
     out_features, in_features = weight.shape
     dy2 = dy.reshape(-1, out_features)
     dx = dw = db = None
     if need_dx:
-        dx = np.matmul(dy2, weight).reshape(x.shape)
+        dx = np.matmul(dy2, weight).reshape(dy.shape[:-1] + (in_features,))
     if need_dw:
         x2 = x.reshape(-1, in_features)
         if dy2.shape[0] == 1:

@@ -31,7 +31,6 @@ import copy
 import math
 import os
 import re
-import sys
 import textwrap
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -603,7 +602,8 @@ class _LinearkitPass:
         n_out = m.out_features
         row.info = {"in": n_in, "out": n_out, "bias": bool(bias), "lazy": m.in_features is None}
         acc.add_cost(i, _linear_cost(_lead(x.shape), n_in, n_out, bias, need, w_grad, b_grad))
-        acc.keep(i, x.key, self.nbytes(x.shape))  # the closure holds x (for dW)
+        if w_grad:
+            acc.keep(i, x.key, self.nbytes(x.shape))  # the closure holds x (for dW) only then
         return _T(x.shape[:-1] + (n_out,))
 
     def _layernorm(self, m, i, x, need):
@@ -1209,14 +1209,3 @@ def _finish(acc, sizes, source, name, shape, optimizer, master_dtype, rank_check
                   optimizer=optimizer, rows=acc.rows, totals=totals, memory=memory,
                   findings=_findings(acc, rank_check), notes=notes)
 
-
-class _CallableModule(type(os)):
-    """Importing ``linearkit.analysis.ledger`` binds the *submodule* to that name in the package,
-    shadowing the function; making the module callable keeps ``analysis.ledger(model, shape)``
-    working however it was reached."""
-
-    def __call__(self, *args, **kwargs):
-        return ledger(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -112,10 +112,14 @@ class Linear(Module):
         x = self._input(x)
         w, b = self.weight, self.bias
         y = F.linear(x, w.data, None if b is None else b.data)
+        # What to differentiate is fixed now, as autograd records it at forward time; the input
+        # is kept only when dW needs it (a frozen layer holds no activation).
+        need_dw = w.requires_grad
+        need_db = b is not None and b.requires_grad
+        saved_x = x if need_dw else None
 
         def backward(dy: np.ndarray):
-            need_db = b is not None and b.requires_grad
-            dx, dw, db = F.linear_backward(dy, x, w.data, input_grad, w.requires_grad, need_db)
+            dx, dw, db = F.linear_backward(dy, saved_x, w.data, input_grad, need_dw, need_db)
             if dw is not None:
                 w.accumulate(dw)
             if db is not None:
