@@ -1,0 +1,10 @@
+"""linearkit's benchmark suite: ``python -m benchmarks --help``.
+
+Every framework runs in its own child process (``python -m benchmarks.worker FRAMEWORK GROUP``),
+which prints one JSON object on stdout; the parent (``benchmarks.run``) collects them, prints the
+tables and the targets of issue 3, and with ``--write-docs`` regenerates ``docs/performance.md``.
+
+Modules: ``cases`` (shapes, sizes, repeats), ``timing`` (medians after warm-up), ``impl_*`` (one
+per framework: the same cases written for each), ``footprint``/``memcheck``/``profiling`` (the
+linearkit-only checks), ``report`` (tables and targets), ``run`` (the parent).
+"""

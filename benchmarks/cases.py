@@ -1,0 +1,75 @@
+"""What is measured: shapes, model sizes, step counts and repeat counts, shared by every worker.
+
+Kept free of heavy imports so that the parent and every worker read the same definitions.
+"""
+
+from __future__ import annotations
+
+import math
+
+# Groups in run order, and the frameworks each one is written for.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "large": ("numpy", "linearkit", "torch", "jax"),
+    "small": ("numpy", "linearkit", "torch", "jax"),
+    "batch1": ("numpy", "linearkit", "torch"),
+    "mlp": ("numpy", "linearkit", "torch", "jax"),
+    "recipe": ("numpy", "linearkit", "torch", "jax"),
+    "footprint": ("linearkit",),
+    "memory": ("linearkit",),
+    "profile": ("linearkit",),
+}
+GROUP_HELP = {
+    "large": "Linear forward and forward+backward at batch 256/1024 and (64, 128, 1024) -> 4096",
+    "small": "Linear(16, 16) on one sample: forward, forward+backward (us per call)",
+    "batch1": "backward of a batch-1 Linear (the K=1 dW product) vs PyTorch",
+    "mlp": "784-256-256-10 ReLU MLP: Adam training at batch 32/128/512, inference at 1/256",
+    "recipe": "the `linearkit train` recipe: 40-100-res(100)-10 MLP, Adam lr 1e-2, batch 100",
+    "footprint": "`import linearkit`: time and peak RSS in a fresh interpreter",
+    "memory": "tracemalloc over 100 training steps: growth, per-step peak, gradient reuse",
+    "profile": "cProfile of a linearkit training step + per-call overheads of the protocol",
+}
+# Groups whose numbers depend on the BLAS kernel: rerun under --forced-kernel.
+BLAS_GROUPS = ("large", "small", "batch1", "mlp", "recipe")
+BLAS_FRAMEWORKS = ("numpy", "linearkit")
+
+LARGE = [((256, 1024), 4096), ((1024, 1024), 4096), ((64, 128, 1024), 4096)]
+SMALL = ((1, 16), 16)
+BATCH1 = [(1024, 1024), (1024, 4096)]  # (in_features, out_features), x of shape (1, in)
+MLP_SIZES = (784, 256, 256, 10)
+MLP_TRAIN_BATCHES = (32, 128, 512)
+MLP_INFER_BATCHES = (1, 256)
+MLP_LR = 1e-3
+RECIPE = {"n_train": 4000, "in": 40, "hidden": 100, "classes": 10, "batch": 100, "lr": 1e-2}
+N_BATCHES = 8  # distinct synthetic batches cycled through by the MLP throughput cases
+
+
+def config(quick: bool | str) -> dict:
+    """Repeat counts and sizes: ``quick`` trades precision for a ~2 minute run; ``"smoke"``
+    (``--smoke``) runs every case once or twice, to test the harness itself, not to measure."""
+    if quick == "smoke":
+        return {"quick": "smoke", "repeats": 1, "min_time": 0.001, "train_min_time": 0.001,
+                "recipe_steps": 30, "recipe_repeats": 1, "import_repeats": 1,
+                "profile_steps": 20}
+    if quick:
+        return {"quick": True, "repeats": 3, "min_time": 0.06, "train_min_time": 0.12,
+                "recipe_steps": 1000, "recipe_repeats": 3, "import_repeats": 3,
+                "profile_steps": 300}
+    return {"quick": False, "repeats": 7, "min_time": 0.2, "train_min_time": 0.3,
+            "recipe_steps": 6000, "recipe_repeats": 3, "import_repeats": 7,
+            "profile_steps": 1500}
+
+
+def shape_name(shape) -> str:
+    return "x".join(str(d) for d in shape)
+
+
+def large_id(kind: str, x_shape, out_features: int) -> str:
+    return f"{kind}:{shape_name(x_shape)}->{out_features}"
+
+
+def linear_flops(x_shape, out_features: int, backward: bool) -> float:
+    """2·M·K·N for the forward GEMM; the backward adds dX and dW, twice as much again."""
+    m = math.prod(x_shape[:-1])
+    k = x_shape[-1]
+    gemms = 3 if backward else 1
+    return 2.0 * m * k * out_features * gemms

@@ -1,0 +1,198 @@
+"""linearkit, used the way its README and DESIGN.md say: ``layer(x)``, ``layer.vjp(x)`` and the
+documented training step::
+
+    pred, back = model.vjp(x, input_grad=False)
+    loss, loss_back = loss_fn.vjp(pred, target)
+    back(loss_back())
+    opt.step(); opt.zero_grad()
+"""
+
+from __future__ import annotations
+
+import time
+
+from . import cases, data
+from .impl_numpy import recipe_variants
+from .timing import loop
+
+lk = None
+
+
+def check() -> None:
+    global lk
+    import linearkit as _lk
+
+    lk = _lk
+
+
+def info() -> dict:
+    return {"linearkit": lk.__version__, "path": lk.__file__}
+
+
+def layer(in_f: int, out_f: int):
+    m = lk.Linear(in_f, out_f)
+    w, b = data.linear_params(in_f, out_f, data.rng())
+    m.weight.data[...] = w
+    m.bias.data[...] = b
+    return m
+
+
+# ----------------------------------------------------------------------------- one layer
+def linear_case(x_shape, out_f: int, backward: bool, zero_grad: bool = True):
+    """Forward ``layer(x)``; forward+backward ``vjp`` + ``backward(dy)`` (+ ``zero_grad()``)."""
+    gen = data.rng(1)
+    m = layer(x_shape[-1], out_f)
+    x = data.uniform(x_shape, gen)
+    dy = data.uniform(x_shape[:-1] + (out_f,), gen)
+
+    def forward_backward():
+        _, back = m.vjp(x)
+        back(dy)
+        if zero_grad:
+            m.zero_grad()
+
+    step = forward_backward if backward else (lambda: m(x))
+    return lambda n: loop(n, step)
+
+
+def backward_case(in_f: int, out_f: int):
+    """Backward only: ``n`` closures are built untimed, then called (gradients accumulate)."""
+    gen = data.rng(1)
+    m = layer(in_f, out_f)
+    x = data.uniform((1, in_f), gen)
+    dy = data.uniform((1, out_f), gen)
+
+    def prepare(n):
+        backs = [m.vjp(x)[1] for _ in range(n)]
+
+        def run():
+            for back in backs:
+                back(dy)
+        return run
+
+    return prepare
+
+
+def large(rec) -> None:
+    for x_shape, out_f in cases.LARGE:
+        for kind in ("fwd", "fwdbwd"):
+            rec.time(cases.large_id(kind, x_shape, out_f), linear_case, x_shape, out_f,
+                     kind == "fwdbwd")
+
+
+def small(rec) -> None:
+    x_shape, out_f = cases.SMALL
+    rec.time("fwd", linear_case, x_shape, out_f, False)
+    # As PyTorch's autograd does, gradients accumulate across calls (no zero_grad per call).
+    rec.time("fwdbwd", linear_case, x_shape, out_f, True, False)
+
+
+def batch1(rec) -> None:
+    for in_f, out_f in cases.BATCH1:
+        rec.time(f"bwd:{in_f}->{out_f}", backward_case, in_f, out_f)
+
+
+# ----------------------------------------------------------------------------- models
+def build_model(sizes, residual: bool = False):
+    """The shared init, as a ``Sequential`` (with the recipe's ``Residual`` block if asked)."""
+    d0, d1, d2, d3 = sizes
+    layers = [layer(a, b) for a, b in ((d0, d1), (d1, d2), (d2, d3))]
+    for m, (w, b) in zip(layers, data.mlp_params(sizes, data.rng())):
+        m.weight.data[...] = w
+        m.bias.data[...] = b
+    hidden = lk.Sequential(layers[1], lk.ReLU())
+    if residual:
+        hidden = lk.Residual(hidden)
+    return lk.Sequential(layers[0], lk.ReLU(), hidden, layers[2])
+
+
+def trainer(model, lr: float):
+    """The documented training step, as a function of one batch."""
+    loss_fn = lk.CrossEntropyLoss()
+    opt = lk.optim.Adam(model.parameters(), lr=lr)
+
+    def step(x, y):
+        pred, back = model.vjp(x, input_grad=False)
+        loss, loss_back = loss_fn.vjp(pred, y)
+        back(loss_back())
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    return step
+
+
+def cycling(step, batches):
+    state = {"i": 0}
+
+    def one():
+        x, y = batches[state["i"] % len(batches)]
+        state["i"] += 1
+        step(x, y)
+
+    return one
+
+
+def mlp(rec) -> None:
+    sizes = cases.MLP_SIZES
+    for batch in cases.MLP_TRAIN_BATCHES:
+        def build(batch=batch):
+            step = trainer(build_model(sizes), cases.MLP_LR)
+            batches = data.classification_batches(batch, sizes[0], sizes[-1], data.rng(1))
+            one = cycling(step, batches)
+            return lambda n: loop(n, one)
+
+        rec.time(f"train:{batch}", build, train=True, batch=batch)
+    for batch in cases.MLP_INFER_BATCHES:
+        def build_infer(batch=batch):
+            model = build_model(sizes).eval()
+            x = data.uniform((batch, sizes[0]), data.rng(2))
+            return lambda n: loop(n, lambda: model(x))
+
+        rec.time(f"infer:{batch}", build_infer, batch=batch)
+
+
+def recipe_parts():
+    r = cases.RECIPE
+    sizes = (r["in"], r["hidden"], r["hidden"], r["classes"])
+    return sizes, r
+
+
+def recipe(rec) -> None:
+    sizes, r = recipe_parts()
+    steps = rec.cfg["recipe_steps"]
+    x_all, y_all = data.recipe_dataset(data.rng())
+    order = data.recipe_batches(steps)
+
+    def once() -> float:
+        step = trainer(build_model(sizes, residual=True), r["lr"])
+        start = time.perf_counter()
+        for idx in order:
+            step(x_all[idx], y_all[idx])
+        return time.perf_counter() - start
+
+    recipe_variants(rec, once)
+
+
+def footprint(rec) -> None:
+    from .footprint import measure_imports
+
+    rec.guarded("import", measure_imports, rec.cfg["import_repeats"])
+
+
+def memory(rec) -> None:
+    from .memcheck import training_memory
+
+    rec.guarded("train:recipe", training_memory, lk, build_model, trainer)
+
+
+def profile(rec) -> None:
+    from .profiling import overheads, profile_training
+
+    sizes, r = recipe_parts()
+    steps = rec.cfg["profile_steps"]
+    rec.guarded("recipe", profile_training, build_model(sizes, residual=True),
+                trainer, r["batch"], r["lr"], steps)
+    rec.guarded("mlp:128", profile_training, build_model(cases.MLP_SIZES), trainer, 128,
+                cases.MLP_LR, max(steps // 4, 50))
+    rec.guarded("overheads", overheads, lk, rec.cfg)

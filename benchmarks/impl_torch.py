@@ -1,0 +1,196 @@
+"""PyTorch eager on CPU: ``F.linear`` and autograd, ``nn.Sequential`` models, ``torch.optim.Adam``
+in its default (per-parameter for-loop on CPU) and fused (``fused=True``) implementations."""
+
+from __future__ import annotations
+
+import time
+
+from . import cases, data
+from .impl_numpy import recipe_timing
+from .timing import loop
+
+torch = None
+
+
+def check() -> None:
+    global torch
+    import torch as _torch
+
+    torch = _torch
+    torch.manual_seed(0)
+
+
+def info() -> dict:
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(),
+            "interop_threads": torch.get_num_interop_threads()}
+
+
+def tensor(a):
+    return torch.from_numpy(a)
+
+
+def params(in_f: int, out_f: int, grad: bool):
+    w, b = data.linear_params(in_f, out_f, data.rng())
+    return tensor(w).requires_grad_(grad), tensor(b).requires_grad_(grad)
+
+
+# ----------------------------------------------------------------------------- one layer
+def linear_case(x_shape, out_f: int, backward: bool):
+    import torch.nn.functional as F
+
+    gen = data.rng(1)
+    w, b = params(x_shape[-1], out_f, backward)
+    x = tensor(data.uniform(x_shape, gen)).requires_grad_(backward)
+    dy = tensor(data.uniform(x_shape[:-1] + (out_f,), gen))
+
+    def forward():
+        with torch.no_grad():
+            F.linear(x, w, b)
+
+    def forward_backward():
+        F.linear(x, w, b).backward(dy)
+        x.grad = w.grad = b.grad = None
+
+    step = forward_backward if backward else forward
+    return lambda n: loop(n, step)
+
+
+def backward_case(in_f: int, out_f: int):
+    """Backward only: ``n`` graphs are built untimed, then their backward passes are timed."""
+    import torch.nn.functional as F
+
+    gen = data.rng(1)
+    w, b = params(in_f, out_f, True)
+    x = tensor(data.uniform((1, in_f), gen)).requires_grad_(True)
+    dy = tensor(data.uniform((1, out_f), gen))
+
+    def prepare(n):
+        ys = [F.linear(x, w, b) for _ in range(n)]
+
+        def run():
+            for y in ys:
+                y.backward(dy)
+        return run
+
+    return prepare
+
+
+def large(rec) -> None:
+    for x_shape, out_f in cases.LARGE:
+        for kind in ("fwd", "fwdbwd"):
+            rec.time(cases.large_id(kind, x_shape, out_f), linear_case, x_shape, out_f,
+                     kind == "fwdbwd")
+
+
+def small(rec) -> None:
+    x_shape, out_f = cases.SMALL
+    rec.time("fwd", linear_case, x_shape, out_f, False)
+    rec.time("fwdbwd", linear_case, x_shape, out_f, True)
+
+
+def batch1(rec) -> None:
+    for in_f, out_f in cases.BATCH1:
+        rec.time(f"bwd:{in_f}->{out_f}", backward_case, in_f, out_f)
+
+
+# ----------------------------------------------------------------------------- models
+def _residual_class():
+    class Residual(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return x + self.inner(x)
+
+    return Residual
+
+
+def build_model(sizes, residual: bool = False):
+    """Same init as the other frameworks (copied from the shared NumPy arrays)."""
+    nn = torch.nn
+    d0, d1, d2, d3 = sizes
+    layers = [nn.Linear(d0, d1), nn.Linear(d1, d2), nn.Linear(d2, d3)]
+    with torch.no_grad():
+        for layer, (w, b) in zip(layers, data.mlp_params(sizes, data.rng())):
+            layer.weight.copy_(tensor(w))
+            layer.bias.copy_(tensor(b))
+    hidden = nn.Sequential(layers[1], nn.ReLU())
+    if residual:
+        hidden = _residual_class()(hidden)
+    return nn.Sequential(layers[0], nn.ReLU(), hidden, layers[2])
+
+
+def trainer(model, lr: float, fused: bool):
+    import torch.nn.functional as F
+
+    opt = torch.optim.Adam(model.parameters(), lr=lr, fused=fused or None)
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+def mlp(rec) -> None:
+    sizes = cases.MLP_SIZES
+    for fused in (False, True):
+        name = "train-fused" if fused else "train"
+        for batch in cases.MLP_TRAIN_BATCHES:
+            def build(batch=batch, fused=fused):
+                step = trainer(build_model(sizes), cases.MLP_LR, fused)
+                batches = [(tensor(x), tensor(y)) for x, y in
+                           data.classification_batches(batch, sizes[0], sizes[-1], data.rng(1))]
+                state = {"i": 0}
+
+                def one():
+                    x, y = batches[state["i"] % len(batches)]
+                    state["i"] += 1
+                    step(x, y)
+
+                return lambda n: loop(n, one)
+
+            rec.time(f"{name}:{batch}", build, train=True, batch=batch)
+    for batch in cases.MLP_INFER_BATCHES:
+        def build_infer(batch=batch):
+            model = build_model(sizes).eval()
+            x = tensor(data.uniform((batch, sizes[0]), data.rng(2)))
+
+            def one():
+                with torch.inference_mode():
+                    model(x)
+
+            return lambda n: loop(n, one)
+
+        rec.time(f"infer:{batch}", build_infer, batch=batch)
+
+
+def recipe(rec) -> None:
+    r = cases.RECIPE
+    steps = rec.cfg["recipe_steps"]
+    x_np, y_np = data.recipe_dataset(data.rng())
+    x_all, y_all = tensor(x_np), tensor(y_np)
+    order = [torch.from_numpy(idx) for idx in data.recipe_batches(steps)]
+    sizes = (r["in"], r["hidden"], r["hidden"], r["classes"])
+
+    for name, fused in (("train", False), ("train-fused", True)):
+        def once(fused=fused) -> float:
+            step = trainer(build_model(sizes, residual=True), r["lr"], fused)
+            start = time.perf_counter()
+            for idx in order:
+                step(x_all[idx], y_all[idx])
+            return time.perf_counter() - start
+
+        rec.guarded(name, recipe_timing, once, rec.cfg["recipe_repeats"], steps)
+    if rec.cfg.get("quick") or torch.get_num_threads() == 1:
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rec.guarded("train-1thread", recipe_timing, once, rec.cfg["recipe_repeats"], steps)
+    finally:
+        torch.set_num_threads(threads)

@@ -1,0 +1,572 @@
+"""Tables and targets from the workers' results, as plain text (terminal) or Markdown (docs).
+
+Every number comes from the results dict built by ``benchmarks.run`` (or loaded with
+``--from-json``); nothing here is typed by hand but the targets of issue 3 themselves.
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import cases
+from .machine import summary as machine_line
+
+FW_NAMES = {"numpy": "NumPy", "linearkit": "linearkit", "torch": "PyTorch", "jax": "JAX jit"}
+
+
+# ----------------------------------------------------------------------------- access
+class View:
+    """The results of one pass; the ``forced`` pass takes NumPy and linearkit from the forced
+    run and everything else (PyTorch, JAX, footprint, ...) from the clean one."""
+
+    def __init__(self, results: dict, name: str = "clean"):
+        runs = results.get("runs", {})
+        clean = runs.get("clean", {})
+        self.name = name
+        self.meta = results.get("meta", {})
+        if name == "forced":
+            forced = runs.get("forced", {})
+            self.info = forced.get("info", {})
+            self.runs = {g: dict(fws) for g, fws in clean.items() if g != "info"}
+            for group, fws in forced.items():
+                if group != "info":
+                    self.runs.setdefault(group, {}).update(fws)
+            self.runs = {g: fws for g, fws in self.runs.items() if g in cases.BLAS_GROUPS}
+        else:
+            self.info = clean.get("info", {})
+            self.runs = {g: fws for g, fws in clean.items() if g != "info"}
+        self.notes: list[str] = []
+
+    def worker(self, group: str, fw: str) -> dict | None:
+        return self.runs.get(group, {}).get(fw)
+
+    def get(self, group: str, fw: str, case: str) -> dict | None:
+        w = self.worker(group, fw)
+        if w is None:
+            return None
+        res = w.get("results", {}).get(case)
+        if res is None:
+            reason = (w.get("unavailable") or w.get("failed") or w.get("errors", {}).get(case)
+                      or w.get("errors", {}).get("*") or "not measured")
+            note = f"{FW_NAMES.get(fw, fw)} {group}/{case}: {reason}"
+            if note not in self.notes:
+                self.notes.append(note)
+        return res
+
+    def seconds(self, group: str, fw: str, case: str) -> float | None:
+        res = self.get(group, fw, case)
+        return None if res is None else res.get("median_s")
+
+    def has(self, group: str) -> bool:
+        return group in self.runs
+
+
+# ----------------------------------------------------------------------------- formatting
+def _ok(x) -> bool:
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def us(s) -> str:
+    if not _ok(s):
+        return "n/a"
+    v = s * 1e6
+    return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:,.0f}"
+
+
+def rate(x) -> str:
+    if not _ok(x):
+        return "n/a"
+    if x >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if x >= 1e3:
+        return f"{x / 1e3:.1f}k"
+    return f"{x:.0f}"
+
+
+def ratio(x) -> str:
+    return f"{x:.2f}×" if _ok(x) else "n/a"
+
+
+def pct(x) -> str:
+    return f"{100 * x:.0f}%" if _ok(x) else "n/a"
+
+
+def num(x, digits: int = 0) -> str:
+    return f"{x:,.{digits}f}" if _ok(x) else "n/a"
+
+
+def div(a, b):
+    return a / b if _ok(a) and _ok(b) and b != 0 else None
+
+
+def at_least(value, target: float) -> str:
+    if not _ok(value):
+        return "n/a"
+    if value >= target:
+        return f"MET (+{100 * (value / target - 1):.0f}%)"
+    return f"MISSED by {100 * (1 - value / target):.0f}%"
+
+
+def at_most(value, limit: float) -> str:
+    if not _ok(value):
+        return "n/a"
+    if value <= limit:
+        return f"MET ({100 * (1 - value / limit):.0f}% under)"
+    return f"MISSED: {100 * (value / limit - 1):.0f}% over"
+
+
+def flag(ok) -> str:
+    return "n/a" if ok is None else "MET" if ok else "MISSED"
+
+
+# ----------------------------------------------------------------------------- sections
+def _section(title, header, rows, intro="", notes=()):
+    return {"title": title, "intro": intro, "header": header, "rows": rows, "notes": list(notes)}
+
+
+def large_section(v: View):
+    rows = []
+    for x_shape, out_f in cases.LARGE:
+        for kind in ("fwd", "fwdbwd"):
+            case = cases.large_id(kind, x_shape, out_f)
+            flops = cases.linear_flops(x_shape, out_f, kind == "fwdbwd")
+            gf = {fw: div(flops / 1e9, v.seconds("large", fw, case))
+                  for fw in ("numpy", "linearkit", "torch", "jax")}
+            row = [(f"{'fwd+bwd' if kind == 'fwdbwd' else 'fwd'} {cases.shape_name(x_shape)} "
+                   f"-> {out_f}"), num(gf["numpy"])]
+            for fw in ("linearkit", "torch", "jax"):
+                row += [num(gf[fw]), pct(div(gf[fw], gf["numpy"]))]
+            rows.append(row)
+    return _section(
+        "1. Large layers (GFLOP/s; % of bare NumPy)",
+        ["case", "NumPy", "linearkit", "% NumPy", "PyTorch", "% NumPy", "JAX", "% NumPy"], rows,
+        "Linear forward and forward+backward (dX, dW, db). FLOPs: 2·M·K·N per GEMM. NumPy: one "
+        "2-D GEMM into out= buffers, bias in place. linearkit: `layer(x)`; `vjp` + `backward(dy)` "
+        "+ `zero_grad()`. PyTorch: `F.linear` (no_grad) and autograd. JAX: jitted.")
+
+
+def small_section(v: View):
+    rows = []
+    for kind, label in (("fwd", "forward"), ("fwdbwd", "forward+backward")):
+        t = {fw: v.seconds("small", fw, kind) for fw in ("numpy", "linearkit", "torch", "jax")}
+        over = None if not (_ok(t["linearkit"]) and _ok(t["numpy"])) else \
+            t["linearkit"] - t["numpy"]
+        rows.append([label, us(t["numpy"]), us(t["linearkit"]), us(over), us(t["torch"]),
+                     us(t["jax"])])
+    x_shape, out_f = cases.SMALL
+    return _section(
+        f"2. Small calls: Linear({x_shape[-1]}, {out_f}) on x {x_shape} (µs per call)",
+        ["call", "NumPy", "linearkit", "linearkit overhead", "PyTorch", "JAX jit"], rows,
+        "linearkit overhead = linearkit − bare NumPy: the library's own Python bookkeeping. "
+        "Forward+backward: `vjp` then `backward(dy)`, gradients accumulating (as autograd's do).")
+
+
+def batch1_section(v: View):
+    rows = []
+    for in_f, out_f in cases.BATCH1:
+        key = f"{in_f}->{out_f}"
+        lk_t = v.seconds("batch1", "linearkit", f"bwd:{key}")
+        pt_t = v.seconds("batch1", "torch", f"bwd:{key}")
+        rows.append([f"Linear({in_f}, {out_f}), x (1, {in_f})",
+                     us(v.seconds("batch1", "numpy", f"bwd:{key}")),
+                     us(v.seconds("batch1", "numpy", f"bwd-gemm:{key}")),
+                     us(lk_t), us(pt_t), ratio(div(pt_t, lk_t))])
+    return _section(
+        "3. Batch-1 backward (µs per backward: dX, dW, db)",
+        ["layer", "NumPy outer", "NumPy dy.T@x", "linearkit", "PyTorch", "PyTorch/linearkit"],
+        rows, "Backward only: the forward closures/graphs are built outside the timed region. "
+        "`NumPy dy.T@x` is the K=1 GEMM path that OpenBLAS runs slowly.")
+
+
+def mlp_sections(v: View):
+    fws = [("numpy", "train"), ("linearkit", "train"), ("torch", "train"),
+           ("torch", "train-fused"), ("jax", "train")]
+    rows = []
+    for batch in cases.MLP_TRAIN_BATCHES:
+        sps = {(fw, c): div(batch, v.seconds("mlp", fw, f"{c}:{batch}")) for fw, c in fws}
+        lk_ = sps[("linearkit", "train")]
+        rows.append([str(batch)] + [rate(sps[k]) for k in fws] +
+                    [ratio(div(lk_, sps[("torch", "train-fused")])),
+                     ratio(div(lk_, sps[("jax", "train")]))])
+    train = _section(
+        "4a. MLP 784-256-256-10 training, Adam, float32 (samples/s)",
+        ["batch", "NumPy", "linearkit", "PyTorch", "PyTorch fused Adam", "JAX jit",
+         "lk / PT fused", "lk / JAX"], rows,
+        "One step: forward, cross-entropy, backward, Adam (lr 1e-3), zero_grad; synthetic data. "
+        "PyTorch's default Adam on CPU is its per-parameter for-loop; `fused=True` its fused "
+        "kernel. NumPy: a hand-written loop, every buffer preallocated, one flat Adam.")
+    rows = []
+    for batch in cases.MLP_INFER_BATCHES:
+        t = {fw: v.seconds("mlp", fw, f"infer:{batch}")
+             for fw in ("numpy", "linearkit", "torch", "jax")}
+        rows.append([str(batch)] + [f"{rate(div(batch, t[fw]))} ({us(t[fw])} µs)"
+                                    for fw in ("numpy", "linearkit", "torch", "jax")] +
+                    [ratio(div(t["torch"], t["linearkit"])), ratio(div(t["jax"], t["linearkit"]))])
+    infer = _section(
+        "4b. MLP 784-256-256-10 inference (samples/s, µs per call)",
+        ["batch", "NumPy", "linearkit", "PyTorch", "JAX jit", "lk / PT", "lk / JAX"], rows,
+        "Forward only: linearkit `model(x)` in eval mode; PyTorch under `inference_mode`.")
+    return [train, infer]
+
+
+def recipe_section(v: View):
+    steps = v.meta.get("config", {}).get("recipe_steps", 6000)
+    lk_t = v.seconds("recipe", "linearkit", "train")
+    rows = []
+    for fw, case, label in (("linearkit", "train", "linearkit"),
+                            ("torch", "train", "PyTorch eager (default Adam)"),
+                            ("torch", "train-fused", "PyTorch eager (fused Adam)"),
+                            ("numpy", "train", "hand-written NumPy"),
+                            ("jax", "train", "JAX jit"),
+                            ("linearkit", "train-1thread", "linearkit, BLAS on 1 thread"),
+                            ("numpy", "train-1thread", "hand-written NumPy, BLAS on 1 thread"),
+                            ("torch", "train-1thread", "PyTorch eager, torch.set_num_threads(1)")):
+        optional = case == "train-1thread"
+        w = v.worker("recipe", fw) or {}
+        if optional and case not in w.get("results", {}) and case not in w.get("errors", {}):
+            continue
+        res = v.get("recipe", fw, case)
+        t = None if res is None else res["median_s"]
+        est = None if t is None else t * 6000 / steps
+        rows.append([label, num(t, 2), num(div(t, steps) and 1e3 * t / steps, 3),
+                     num(est, 2), ratio(div(t, lk_t))])
+    return _section(
+        f"5. The `linearkit train` recipe: {steps:,} steps of batch 100 "
+        "(40-100-res(100)-10, Adam lr 1e-2)",
+        ["framework", f"seconds ({steps:,} steps)", "ms/step", "seconds per 6,000 steps",
+         "time / linearkit"], rows,
+        "MNIST-1D-shaped synthetic data (4,000 × 40, 10 classes), reshuffled every epoch, "
+        "batches gathered by index each step; model built outside the timed region; median of "
+        f"{v.meta.get('config', {}).get('recipe_repeats', 3)} runs.")
+
+
+def footprint_section(v: View):
+    res = v.get("footprint", "linearkit", "import")
+    if res is None:
+        return None
+    rows = []
+    base = res.get("numpy", {})
+    for key, label in (("python", "bare interpreter (no import)"), ("numpy", "import numpy"),
+                       ("linearkit", "import linearkit"),
+                       ("linearkit_cold", "import linearkit, no bytecode cache")):
+        r = res.get(key)
+        if r:
+            own = key.startswith("linearkit") and base
+            rows.append([label, num(1e3 * r["median_s"], 1),
+                         num(1e3 * (r["median_s"] - base["median_s"]), 1) if own else "",
+                         num(r["peak_rss_mib"], 1),
+                         num(r["peak_rss_mib"] - base["peak_rss_mib"], 1) if own else "",
+                         ", ".join(r["heavy"]) or "none", str(r["modules"])])
+    notes = ["largest cumulative imports: " + ", ".join(
+        f"{r['module']} {r['cumulative_us'] / 1e3:.1f} ms" for r in res.get("importtime_top", []))]
+    return _section("6. Footprint (fresh interpreter each)",
+                    ["what", "ms (median)", "ms over NumPy", "peak RSS MiB", "MiB over NumPy",
+                     "optional deps loaded", "modules"],
+                    rows, "Time measured inside the process around the import statement; peak "
+                    "RSS is the process's VmHWM after it (interpreter included). Bytecode cached "
+                    "except in the last row. linearkit's own share is its row minus NumPy's.",
+                    notes)
+
+
+def memory_section(v: View):
+    r = v.get("memory", "linearkit", "train:recipe")
+    if r is None:
+        return None
+    rows = [
+        [f"growth of traced memory over {r['steps']} steps", f"{r['growth_bytes'] / 1024:.1f} KiB",
+         f"{r['growth_per_step_bytes']:.0f} B/step"],
+        ["transient peak of one step", f"{r['step_peak_bytes'] / 1024:.1f} KiB",
+         (f"activations {r['activation_bytes'] / 1024:.1f} KiB, parameters "
+         f"{r['param_bytes'] / 1024:.1f} KiB")],
+        ["gradient buffers reused across steps", str(r["grads_reused"]), ""],
+        ["optimizer state reused across steps", str(r["state_reused"]), ""],
+        ["float32 parameters stay float32", str(r["dtype_kept"]), ""],
+    ]
+    notes = ["largest growth by line: " + "; ".join(r["top_growth"])] if r.get("top_growth") \
+        else []
+    return _section("7. Memory of a training step (recipe model, batch 100, tracemalloc)",
+                    ["check", "value", "context"], rows,
+                    "NumPy reports its buffers to tracemalloc. Reuse means the same memory "
+                    "(np.shares_memory) holds the gradients / Adam moments in consecutive steps.",
+                    notes)
+
+
+def profile_sections(v: View):
+    out = []
+    for case, label in (("recipe", "recipe model 40-100-res(100)-10, batch 100"),
+                        ("mlp:128", "MLP 784-256-256-10, batch 128")):
+        r = v.get("profile", "linearkit", case)
+        if r is None:
+            continue
+        rows = [[row["function"], num(row["calls_per_step"], 1), num(row["own_us"], 1),
+                 num(row["cum_us"], 1)] for row in r["top_own"]]
+        out.append(_section(
+            f"8. Profile: linearkit training step, {label}",
+            ["function (by own time)", "calls/step", "own µs/step", "cumulative µs/step"], rows,
+            f"Unprofiled step: {r['step_us']:.0f} µs; under cProfile {r['profiled_step_us']:.0f} "
+            f"µs, of which {r['linearkit_own_us']:.0f} µs is own time in linearkit's Python "
+            "functions (NumPy ufunc calls count toward their caller)."))
+    r = v.get("profile", "linearkit", "overheads")
+    if r is not None:
+        rows = [[k, num(val["median_us"], 2), num(val["min_us"], 2)] if isinstance(val, dict)
+                else [k, str(val), ""] for k, val in r.items()]
+        out.append(_section(
+            "8c. Per-call costs around the same arithmetic (µs, no profiler)",
+            ["what", "µs per call (median)", "µs (best repeat)"], rows,
+            "Tiny arrays first, so that the difference between two rows is the Python cost of "
+            "that layer of the protocol; then Adam and the loss at the recipe's sizes beside "
+            "bare-NumPy fast versions; then the recipe step's phases (cumulative)."))
+    return out
+
+
+# ----------------------------------------------------------------------------- targets
+def targets(v: View) -> list[list[str]]:
+    rows = []
+
+    def add(target, measured, status):
+        rows.append([target, measured, status])
+
+    if v.has("large"):
+        for x_shape, out_f in cases.LARGE:
+            for kind in ("fwd", "fwdbwd"):
+                case = cases.large_id(kind, x_shape, out_f)
+                t_lk = v.seconds("large", "linearkit", case)
+                r = div(v.seconds("large", "numpy", case), t_lk)
+                gf = div(cases.linear_flops(x_shape, out_f, kind == "fwdbwd") / 1e9, t_lk)
+                add(f"1. {'fwd+bwd' if kind == 'fwdbwd' else 'fwd'} "
+                    f"{cases.shape_name(x_shape)}->{out_f} ≥ 95% of NumPy",
+                    f"{pct(r)} ({num(gf)} GFLOP/s)", at_least(r, 0.95))
+    if v.has("small"):
+        for kind, limit, label in (("fwd", 2e-6, "forward ≤ 2 µs"),
+                                   ("fwdbwd", 6e-6, "forward+backward ≤ 6 µs")):
+            t = v.seconds("small", "linearkit", kind)
+            pt = v.seconds("small", "torch", kind)
+            npt = v.seconds("small", "numpy", kind)
+            add(f"2. Linear(16,16) {label}", f"{us(t)} µs (NumPy {us(npt)}, PyTorch {us(pt)})",
+                at_most(t, limit))
+    if v.has("batch1"):
+        for in_f, out_f in cases.BATCH1:
+            key = f"bwd:{in_f}->{out_f}"
+            r = div(v.seconds("batch1", "torch", key), v.seconds("batch1", "linearkit", key))
+            add(f"3. batch-1 backward {in_f}->{out_f} no slower than PyTorch",
+                f"{ratio(r)} PyTorch's speed", at_least(r, 1.0))
+    if v.has("mlp"):
+        for batch in cases.MLP_TRAIN_BATCHES:
+            lk_t = v.seconds("mlp", "linearkit", f"train:{batch}")
+            r = div(v.seconds("mlp", "torch", f"train-fused:{batch}"), lk_t)
+            add(f"4. MLP train b{batch} ≥ 1.5× PyTorch fused Adam", ratio(r), at_least(r, 1.5))
+            if batch in (128, 512):
+                r = div(v.seconds("mlp", "jax", f"train:{batch}"), lk_t)
+                add(f"4. MLP train b{batch} ≥ JAX jit", ratio(r), at_least(r, 1.0))
+        lk_t = v.seconds("mlp", "linearkit", "infer:1")
+        r = div(v.seconds("mlp", "torch", "infer:1"), lk_t)
+        add("4. MLP inference b1 ≥ 2× PyTorch", ratio(r), at_least(r, 2.0))
+        r = div(v.seconds("mlp", "jax", "infer:256"), v.seconds("mlp", "linearkit", "infer:256"))
+        add("4. MLP inference b256 ≥ JAX jit", ratio(r), at_least(r, 1.0))
+    if v.has("recipe"):
+        lk_t = v.seconds("recipe", "linearkit", "train")
+        r = div(v.seconds("recipe", "torch", "train"), lk_t)
+        add("5. train recipe ≥ 4× PyTorch eager", ratio(r), at_least(r, 4.0))
+    fp = v.get("footprint", "linearkit", "import") if v.has("footprint") else None
+    if fp is not None:
+        lk_ = fp["linearkit"]
+        add("6. import linearkit ≤ 100 ms", f"{1e3 * lk_['median_s']:.1f} ms",
+            at_most(lk_["median_s"], 0.1))
+        add("6. import linearkit ≤ 35 MiB peak RSS", f"{lk_['peak_rss_mib']:.1f} MiB",
+            at_most(lk_["peak_rss_mib"], 35.0))
+        add("6. no optional dependency imported", ", ".join(lk_["heavy"]) or "none",
+            flag(not lk_["heavy"]))
+    mem = v.get("memory", "linearkit", "train:recipe") if v.has("memory") else None
+    if mem is not None:
+        add("7. no growth across 100 steps (≤ 1 KiB/step)",
+            f"{mem['growth_per_step_bytes']:.0f} B/step",
+            at_most(max(mem["growth_per_step_bytes"], 0.0), 1024.0))
+        add("7. gradient buffers reused across steps", str(mem["grads_reused"]),
+            flag(mem["grads_reused"]))
+        add("7. optimizer state reused across steps", str(mem["state_reused"]),
+            flag(mem["state_reused"]))
+    return rows
+
+
+def all_sections(v: View) -> list[dict]:
+    sections = [_section("Targets (issue 3)", ["target", "measured", "status"], targets(v))]
+    builders = [("large", large_section), ("small", small_section), ("batch1", batch1_section),
+                ("mlp", mlp_sections), ("recipe", recipe_section),
+                ("footprint", footprint_section), ("memory", memory_section),
+                ("profile", profile_sections)]
+    for group, build in builders:
+        if not v.has(group):
+            continue
+        made = build(v)
+        for s in made if isinstance(made, list) else [made]:
+            if s is not None:
+                sections.append(s)
+    return sections
+
+
+def views(results: dict) -> list[View]:
+    out = [View(results)]
+    if "forced" in results.get("runs", {}):
+        out.append(View(results, "forced"))
+    return out
+
+
+def _pass_title(v: View) -> str:
+    threads = v.meta.get("threads")
+    suffix = f"; {threads} thread(s) forced with --threads" if threads else ""
+    if v.name == "clean":
+        return ("Default kernel (OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset in the children"
+                f"{suffix})")
+    forced = ", ".join(f"{k}={val}" for k, val in (v.meta.get("forced") or {}).items())
+    return (f"Forced kernel ({forced}{suffix}) — NumPy and linearkit rerun; PyTorch and JAX "
+            "from the default run")
+
+
+def _load_line(meta: dict) -> str:
+    before, after = meta.get("load_before"), meta.get("load_after")
+    if not before:
+        return ""
+    return (f"load average (1/5/15 min) before {'/'.join(f'{x:.1f}' for x in before)}, after "
+            f"{'/'.join(f'{x:.1f}' for x in after or [])}")
+
+
+# ----------------------------------------------------------------------------- rendering
+def _text_table(header, rows) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+
+    def line(cells) -> str:
+        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join([line(header), "  ".join("-" * w for w in widths)] +
+                     [line(r) for r in rows])
+
+
+def render_text(results: dict) -> str:
+    meta = results.get("meta", {})
+    out = []
+    for v in views(results):
+        out += ["", "=" * 100, _pass_title(v), "machine: " + machine_line(v.info)]
+        if _load_line(meta):
+            out.append(_load_line(meta))
+        for s in all_sections(v):
+            if not s["rows"]:
+                continue
+            out += ["", s["title"], _text_table(s["header"], s["rows"])]
+            out += [f"  note: {n}" for n in s["notes"]]
+        if v.notes:
+            out += ["", "not measured:"] + [f"  - {n}" for n in v.notes]
+    if meta.get("forced_note"):
+        out += ["", meta["forced_note"]]
+    if "wall_s" in meta:
+        out += ["", f"total wall time {meta['wall_s']:.0f} s ({_mode(meta)} run)"]
+    return "\n".join(out)
+
+
+def _md_table(header, rows) -> str:
+    esc = lambda c: str(c).replace("|", "\\|")
+    lines = ["| " + " | ".join(map(esc, header)) + " |",
+             "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(map(esc, r)) + " |" for r in rows])
+
+
+def _ceiling(v: View) -> list[str]:
+    lines = []
+    best = {}
+    for fw in ("numpy", "linearkit", "torch", "jax"):
+        vals = []
+        for x_shape, out_f in cases.LARGE:
+            for kind in ("fwd", "fwdbwd"):
+                case = cases.large_id(kind, x_shape, out_f)
+                g = div(cases.linear_flops(x_shape, out_f, kind == "fwdbwd") / 1e9,
+                        v.seconds("large", fw, case))
+                if _ok(g):
+                    vals.append((g, f"{kind} {cases.shape_name(x_shape)}->{out_f}"))
+        if vals:
+            best[fw] = max(vals)
+    if "numpy" in best:
+        g, case = best["numpy"]
+        lines.append(f"The measured float32 GEMM ceiling on this machine is bare NumPy's "
+                     f"**{g:.0f} GFLOP/s** ({case}) with the BLAS kernel named above.")
+        for fw in ("linearkit", "torch", "jax"):
+            if fw in best:
+                lines.append(f"Best {FW_NAMES[fw]}: {best[fw][0]:.0f} GFLOP/s ({best[fw][1]}), "
+                             f"{100 * best[fw][0] / g:.0f}% of that ceiling.")
+    return lines
+
+
+def _mode(meta: dict) -> str:
+    return {"smoke": "smoke: harness test only, numbers meaningless", True: "quick"}.get(
+        meta.get("quick"), "full")
+
+
+def _rounds(meta: dict) -> str:
+    rounds = meta.get("rounds") or 1
+    if rounds == 1:
+        return ""
+    return (f", pooled over {rounds} rounds of child processes run in alternating order "
+            "(`--rounds`)")
+
+
+def _wall(meta: dict) -> str:
+    return f", {meta['wall_s']:.0f} s in all" if "wall_s" in meta else ""
+
+
+def render_markdown(results: dict) -> str:
+    meta = results.get("meta", {})
+    cfg = meta.get("config", {})
+    argv = " ".join(meta.get("argv", ["python", "-m", "benchmarks", "--write-docs"]))
+    out = [
+        "# Performance",
+        "",
+        ("<!-- Generated by `python -m benchmarks --write-docs` from measured results; do not "
+        "edit by hand. -->"),
+        "",
+        (f"Generated by `{argv}` on {meta.get('date', '?')}"
+        f"{'' if _mode(meta) == 'full' else f' ({_mode(meta)} run)'}"
+        f"{_wall(meta)}."),
+        "",
+        "## What is measured, and how",
+        "",
+        ("- linearkit against bare NumPy written the fastest way (the ceiling), PyTorch eager "
+        "(default and fused Adam) and JAX `jit`, on the shapes and models of the performance "
+        "issue. Each framework runs in its own child process "
+        "(`python -m benchmarks.worker FRAMEWORK GROUP`), never two at once: two thread pools "
+        "in one process slow each other down."),
+        ("- The children run with `OPENBLAS_CORETYPE` and `OPENBLAS_L2_SIZE` unset, so OpenBLAS "
+        "picks its kernel itself; threadpoolctl reports which one (below). "
+        "`--forced-kernel` reruns NumPy and linearkit with the values set in the parent."),
+        (f"- Each number is the median of {cfg.get('repeats', '?')} repeats after warm-up, each "
+        f"repeat lasting at least {cfg.get('min_time', '?')} s "
+        f"({cfg.get('train_min_time', '?')} s for training steps). Data are synthetic, with the "
+        "right shapes and dtypes (float32)."),
+        ("- Rerun: `python -m benchmarks` (about 5–15 minutes), `python -m benchmarks --quick` "
+        "(about 2 minutes), one group: `python -m benchmarks --only mlp`; regenerate this page: "
+        "`python -m benchmarks --write-docs`. Needs `pip install -e '.[bench,torch]'`; JAX is "
+        "measured when installed (`pip install jax`)."),
+        "",
+    ]
+    for v in views(results):
+        out += [f"## {_pass_title(v)}", "", f"Machine: {machine_line(v.info)}", ""]
+        if _load_line(meta):
+            out += [(f"During the run: {_load_line(meta)} (on a machine with "
+                    f"{v.info.get('usable_cores', '?')} cores; a load above that means other "
+                    "processes competed for the CPU and the figures are pessimistic)."), ""]
+        ceiling = _ceiling(v)
+        if ceiling:
+            out += ["### Where the ceiling is", ""] + [" ".join(ceiling), ""]
+        for s in all_sections(v):
+            if not s["rows"]:
+                continue
+            out += [f"### {s['title']}", ""]
+            if s["intro"]:
+                out += [s["intro"], ""]
+            out += [_md_table(s["header"], s["rows"]), ""]
+            out += [f"- {n}" for n in s["notes"]]
+            if s["notes"]:
+                out.append("")
+        if v.notes:
+            out += ["### Not measured", ""] + [f"- {n}" for n in v.notes] + [""]
+    if meta.get("forced_note"):
+        out += [meta["forced_note"], ""]
+    return "\n".join(out)

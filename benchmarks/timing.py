@@ -1,0 +1,61 @@
+"""Medians over repeats after warm-up.
+
+A case is a ``prepare(n) -> run`` pair: ``prepare`` does any per-repeat setup outside the timed
+region (e.g. building the backward closures that a backward-only case consumes) and returns
+``run()``, which performs ``n`` iterations and waits for their results. ``measure`` picks ``n`` so
+one repeat lasts about ``min_time`` seconds, warms up, and reports the median time per iteration.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+Prepare = Callable[[int], Callable[[], None]]
+
+
+def _timed(run: Callable[[], None], gc_off: bool) -> float:
+    if gc_off:
+        gc.collect()
+        gc.disable()
+    try:
+        start = time.perf_counter()
+        run()
+        return time.perf_counter() - start
+    finally:
+        if gc_off:
+            gc.enable()
+
+
+def measure(prepare: Prepare, *, repeats: int, min_time: float, warmup: int = 1,
+            gc_off: bool = True, max_n: int = 1_000_000) -> dict:
+    """Median seconds per iteration of ``prepare(n)()`` over ``repeats`` repeats.
+
+    ``gc_off`` disables the cyclic garbage collector inside the timed region (as ``timeit``
+    does) for micro-benchmarks; training loops keep it on, since collection is part of the cost.
+    """
+    _timed(prepare(1), gc_off)  # first call: compilation, lazy allocation, caches
+    n, dt = 1, 0.0
+    while True:
+        dt = _timed(prepare(n), gc_off)
+        if dt >= min_time / 4 or n >= max_n:
+            break
+        n = min(max_n, n * max(2, int(min_time / 4 / max(dt, 1e-9))))
+    n = max(1, min(max_n, math.ceil(n * min_time / max(dt, 1e-9)))) if dt < min_time else n
+    if dt < min_time:  # calibration already warmed a case whose one call lasts >= min_time
+        for _ in range(warmup):
+            _timed(prepare(n), gc_off)
+    times = [_timed(prepare(n), gc_off) / n for _ in range(repeats)]
+    return {"median_s": statistics.median(times), "min_s": min(times), "n": n,
+            "repeats_s": times}
+
+
+def loop(n: int, step: Callable[[], object]) -> Callable[[], None]:
+    """A ``run`` that calls ``step`` ``n`` times."""
+    def run() -> None:
+        for _ in range(n):
+            step()
+    return run
