@@ -1,0 +1,40 @@
+"""Reproducible experiments behind the docs: each is a module with ``run(...)`` and ``main(argv)``.
+
+``linearkit experiment NAME [options]`` dispatches here. Available:
+
+- ``init-depth`` (:mod:`linearkit.experiments.init_depth`): a deep ReLU MLP (width 256, depth
+  8 and 16) trained with constant-small, Xavier, Kaiming and PyTorch's default init on MNIST-1D
+  and on a synthetic 128-dimensional task; writes ``docs/init_experiment.md`` and its plots.
+
+Experiment modules import matplotlib only when they draw, and are imported only when run.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["EXPERIMENTS", "get", "main"]
+
+#: CLI name -> module under ``linearkit.experiments``.
+EXPERIMENTS = {"init-depth": "init_depth"}
+
+
+def get(name: str):
+    """The experiment module registered under ``name`` (e.g. ``"init-depth"``)."""
+    try:
+        module = EXPERIMENTS[name]
+    except KeyError:
+        raise ValueError(f"unknown experiment {name!r}; available: "
+                         f"{', '.join(sorted(EXPERIMENTS))}") from None
+    return importlib.import_module(f".{module}", __name__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``NAME [options]``: run one experiment's ``main`` with the remaining arguments."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: linearkit experiment {" + ",".join(sorted(EXPERIMENTS)) + "} [options]")
+        return 0 if argv else 2
+    return get(argv[0]).main(argv[1:])
