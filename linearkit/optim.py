@@ -53,6 +53,7 @@ class Optimizer:
         self._validate(self.defaults)
         self.state: dict[Parameter, dict] = {}
         self.param_groups: list[dict] = []
+        self._flat: dict[int, _FlatState] = {}
         if isinstance(params, Parameter):
             raise TypeError("params must be an iterable of Parameters (e.g. model.parameters() "
                             "or [p]), got a single Parameter")
@@ -124,6 +125,31 @@ class Optimizer:
 
     def _update(self, group: dict) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def _flat_state(self, group: dict, live: list, keys: tuple) -> "_FlatState | None":
+        """The group's state as contiguous arrays, when every parameter steps together.
+
+        Eligible when all of the group's parameters (two or more, one dtype) have a gradient
+        this step and share one step count. ``state[p][key]`` then are views into the flat
+        arrays, so ``state_dict()`` and per-parameter access see the same values; anything that
+        replaces them (``load_state_dict``) is noticed and the flat arrays are rebuilt.
+        """
+        params = group["params"]
+        if len(live) != len(params) or len(params) < 2:
+            return None
+        dtype = params[0].data.dtype
+        if any(p.data.dtype != dtype or g.dtype != dtype for p, g in live):
+            return None
+        steps = {self.state[p].get("step") if p in self.state else 0 for p in params}
+        if len(steps) != 1:
+            return None
+        cache = self._flat.get(id(group))
+        if cache is not None and cache.owns(params, self.state, keys):
+            return cache
+        for p in params:
+            self.state.setdefault(p, {"step": 0})
+        cache = self._flat[id(group)] = _FlatState(params, self.state, keys, dtype)
+        return cache
 
     @staticmethod
     def _trainable(group: dict):
@@ -209,6 +235,48 @@ class Optimizer:
                     lines.append(f"    {key}: {group[key]}")
         lines.append(")")
         return "\n".join(lines)
+
+
+class _FlatState:
+    """One parameter group's per-parameter state arrays packed into single contiguous arrays.
+
+    ``arrays[key]`` has one element per parameter element of the group (in group order);
+    ``state[p][key]`` is rebound to the matching view, shaped like ``p``.
+    """
+
+    def __init__(self, params: list, state: dict, keys: tuple, dtype: np.dtype):
+        self.params = list(params)
+        self.shapes = [p.data.shape for p in params]
+        bounds = np.cumsum([0] + [p.data.size for p in params]).tolist()
+        self.slices = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+        total = bounds[-1]
+        self.arrays = {key: np.zeros(total, dtype) for key in keys}
+        self.buffers = {"grad": np.empty(total, dtype), "data": np.empty(total, dtype)}
+        self.views = {key: self.split(array) for key, array in self.arrays.items()}
+        for i, p in enumerate(self.params):
+            entry = state[p]
+            for key in keys:
+                if key in entry:
+                    self.views[key][i][...] = entry[key]
+                entry[key] = self.views[key][i]
+
+    def split(self, flat: np.ndarray) -> list:
+        """Per-parameter views of a flat array, shaped like the parameters."""
+        return [flat[s].reshape(shape) for s, shape in zip(self.slices, self.shapes)]
+
+    def owns(self, params: list, state: dict, keys: tuple) -> bool:
+        """True while the group and every ``state[p][key]`` are still this object's views."""
+        if params != self.params or set(keys) != set(self.arrays):
+            return False
+        for i, p in enumerate(params):
+            entry = state.get(p)
+            if entry is None or any(entry.get(k) is not self.views[k][i] for k in keys):
+                return False
+        return True
+
+    def gather(self, arrays: list, into: str = "grad") -> np.ndarray:
+        """Copy ``arrays`` (one per parameter) into a flat buffer and return it."""
+        return np.concatenate([a.reshape(-1) for a in arrays], out=self.buffers[into])
 
 
 def _check(condition: bool, message: str) -> None:
@@ -300,39 +368,66 @@ class Adam(Optimizer):
                                              f"{group['weight_decay']} (must be >= 0)")
 
     def _update(self, group: dict) -> None:
-        lr, eps, weight_decay = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
-        beta1, beta2 = (float(b) for b in group["betas"])
-        amsgrad, maximize = group["amsgrad"], group["maximize"]
-        for p, grad in self._trainable(group):
+        lr, weight_decay = float(group["lr"]), float(group["weight_decay"])
+        keys = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group["amsgrad"] \
+            else ("exp_avg", "exp_avg_sq")
+        live = list(self._trainable(group))
+        flat = self._flat_state(group, live, keys)
+        if flat is not None:
+            # Fast path: the whole group in a handful of ufunc calls over contiguous arrays.
+            # Elementwise math in the same order gives the same bits as the loop below.
+            params = [p for p, _ in live]
+            t = self.state[params[0]]["step"] + 1
+            for p in params:
+                self.state[p]["step"] = t
+            g = flat.gather([grad for _, grad in live])
+            data = None
+            if weight_decay != 0:
+                if self._decoupled:
+                    for p in params:
+                        p.data *= 1.0 - lr * weight_decay
+                else:
+                    data = flat.gather([p.data for p in params], into="data")
+            update = self._direction(group, g, data, *(flat.arrays[k] for k in keys), t=t)
+            for p, u in zip(params, flat.split(update)):
+                p.data += u
+            return
+        for p, grad in live:
             data = p.data
             state = self.state.get(p)
             if state is None:
-                state = self.state[p] = {"step": 0, "exp_avg": np.zeros_like(data),
-                                         "exp_avg_sq": np.zeros_like(data)}
-                if amsgrad:
-                    state["max_exp_avg_sq"] = np.zeros_like(data)
+                state = self.state[p] = {"step": 0}
+                for key in keys:
+                    state[key] = np.zeros_like(data)
             state["step"] += 1
-            t = state["step"]
-            g = -grad if maximize else grad
-            if weight_decay != 0:
-                if self._decoupled:
-                    data *= 1.0 - lr * weight_decay
-                else:
-                    g = g + weight_decay * data
-            m, v = state["exp_avg"], state["exp_avg_sq"]
-            _lerp_(m, g, 1.0 - beta1)
-            v *= beta2
-            v += (1.0 - beta2) * g * g
-            step_size = lr / (1.0 - beta1 ** t)
-            bias_correction2_sqrt = (1.0 - beta2 ** t) ** 0.5
-            if amsgrad:
-                v = np.maximum(state["max_exp_avg_sq"], v, out=state["max_exp_avg_sq"])
-            denom = np.sqrt(v)
-            denom /= bias_correction2_sqrt
-            denom += eps
-            update = m * -step_size
-            update /= denom
-            data += update
+            if weight_decay != 0 and self._decoupled:
+                data *= 1.0 - lr * weight_decay
+            data += self._direction(group, grad, data, *(state[k] for k in keys), t=state["step"])
+
+    def _direction(self, group: dict, g, data, m, v, v_max=None, t: int = 1) -> np.ndarray:
+        """Update the moments ``m``, ``v`` (and ``v_max``) in place; return the step for ``p``.
+
+        ``data`` is the parameter (read for Adam's L2 penalty only); ``g`` is never written.
+        """
+        lr, eps, weight_decay = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
+        beta1, beta2 = (float(b) for b in group["betas"])
+        if group["maximize"]:
+            g = -g
+        if weight_decay != 0 and not self._decoupled:
+            g = g + weight_decay * data
+        _lerp_(m, g, 1.0 - beta1)
+        v *= beta2
+        v += (1.0 - beta2) * g * g
+        step_size = lr / (1.0 - beta1 ** t)
+        bias_correction2_sqrt = (1.0 - beta2 ** t) ** 0.5
+        if v_max is not None:
+            v = np.maximum(v_max, v, out=v_max)
+        denom = np.sqrt(v)
+        denom /= bias_correction2_sqrt
+        denom += eps
+        update = m * -step_size
+        update /= denom
+        return update
 
 
 class AdamW(Adam):

@@ -396,3 +396,50 @@ def test_mlp_training_matches_torch_end_to_end():
         assert_close(torch.from_numpy(loss), tloss.detach())
     for key, value in tmodel.state_dict().items():
         assert_close(torch.from_numpy(model.state_dict()[key]), value)
+
+
+# ------------------------------------------------------------------ the flat fast path (issue 3)
+@pytest.mark.parametrize("name", ["Adam", "AdamW"])
+@pytest.mark.parametrize("kwargs", [{}, {"weight_decay": 0.1}, {"amsgrad": True, "maximize": True}])
+def test_flat_fast_path_equals_the_per_parameter_path_bitwise(name, kwargs):
+    """Two parameters step together (flat path); each alone in its own group steps per parameter."""
+    def run(grouped):
+        rng = np.random.default_rng(3)
+        params = [lk.Parameter(rng.standard_normal(s)) for s in [(4, 3), (3,), (2, 2)]]
+        groups = [{"params": params}] if grouped else [{"params": [p]} for p in params]
+        opt = getattr(optim, name)(groups, lr=0.03, **kwargs)
+        for step in range(15):
+            for i, p in enumerate(params):
+                p.grad = np.cos(2.0 * p.data) + 0.1 * step * (i + 1)
+            opt.step()
+        return params, opt
+
+    fast, fast_opt = run(grouped=True)
+    plain, _ = run(grouped=False)
+    assert id(fast_opt.param_groups[0]) in fast_opt._flat  # the fast path really ran
+    for a, b in zip(fast, plain):
+        np.testing.assert_array_equal(a.data, b.data)
+
+
+def test_flat_state_survives_state_dict_round_trip_and_load():
+    rng = np.random.default_rng(4)
+    params = [lk.Parameter(rng.standard_normal(s).astype(np.float32)) for s in [(3, 2), (2,)]]
+    opt = optim.Adam(params, lr=0.1)
+    for _ in range(3):
+        for p in params:
+            p.grad = np.ones_like(p.data)
+        opt.step()
+    saved = opt.state_dict()
+    assert saved["state"][0]["exp_avg"].shape == (3, 2) and saved["state"][0]["step"] == 3
+    twin_params = [lk.Parameter(p.data.copy()) for p in params]
+    twin = optim.Adam(twin_params, lr=0.1)
+    twin.load_state_dict(saved)
+    for group in (params, twin_params):
+        for p in group:
+            p.grad = np.full_like(p.data, 0.5)
+    opt.step()
+    twin.step()
+    for a, b in zip(params, twin_params):
+        np.testing.assert_array_equal(a.data, b.data)
+        assert a.data.dtype == np.float32
+    assert opt.state[params[0]]["exp_avg"].dtype == np.float32
