@@ -36,7 +36,9 @@ def _train(args: argparse.Namespace) -> int:
 
     model, result = train(args.model, hidden=args.hidden, steps=args.steps, lr=args.lr,
                           batch_size=args.batch_size, seed=args.seed,
-                          eval_every=args.eval_every, progress=progress)
+                          eval_every=args.eval_every, progress=progress,
+                          threads=None if args.threads == "default" else
+                          ("auto" if args.threads == "auto" else int(args.threads)))
     if bar is not None:
         bar.close()
     out = args.out or f"runs/mnist1d-{args.model}.safetensors"
@@ -148,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--batch-size", type=int, default=100)
     train.add_argument("--seed", type=int, default=42)
     train.add_argument("--eval-every", type=int, default=500, help="evaluate every N steps")
+    train.add_argument("--threads", default="auto",
+                       help="BLAS threads: auto (1 for small models), a number, or default")
     train.add_argument("--out", default=None,
                        help="where to save the weights (.safetensors); default runs/mnist1d-MODEL.safetensors")
     train.add_argument("--json", action="store_true",

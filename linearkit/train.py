@@ -7,6 +7,7 @@ baseline (40 -> 10). The paper reports 32% (logistic regression) and 68% (MLP) t
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict, dataclass
 
@@ -59,13 +60,40 @@ def accuracy(model: Module, x: np.ndarray, y: np.ndarray, batch: int = 1000) -> 
     return correct / max(len(x), 1)
 
 
+# Below this many multiply-adds per GEMM, BLAS threads cost more in hand-offs than they save;
+# on a 2-core machine with anything else running, a threaded 100x100x100 GEMM is 10-30x slower.
+SMALL_GEMM_MACS = 1 << 22
+
+
+def blas_threads(limit: int | None):
+    """Context manager limiting BLAS to ``limit`` threads (needs threadpoolctl; else a no-op)."""
+    if limit is None:
+        return contextlib.nullcontext()
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # the cli extra brings it; without it BLAS keeps its default
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=limit, user_api="blas")
+
+
+def auto_threads(model: Module, batch_size: int) -> int | None:
+    """1 when every Linear GEMM of a training step is small (see SMALL_GEMM_MACS), else None."""
+    from .layers import Linear
+
+    largest = max((m.in_features * m.out_features for m in model.modules()
+                   if isinstance(m, Linear) and m.in_features is not None), default=0)
+    return 1 if largest * batch_size < SMALL_GEMM_MACS else None
+
+
 def train(model_kind: str = "mlp", *, hidden: int = 100, steps: int = 6000, lr: float = 1e-2,
           batch_size: int = 100, seed: int = 42, eval_every: int = 500, dataset=None,
-          progress=None) -> tuple[Module, TrainResult]:
+          progress=None, threads: int | str | None = "auto") -> tuple[Module, TrainResult]:
     """Train on MNIST-1D and return ``(model, TrainResult)``.
 
     ``progress(step, loss, test_accuracy_or_None)`` is called after every step (for a bar).
     Batches are drawn by a seeded shuffling loader, reshuffled every epoch, drop_last.
+    ``threads``: BLAS threads while training — ``"auto"`` (one thread for small models, see
+    ``auto_threads``), an int, or None to leave BLAS as it is.
     """
     from .data import DataLoader, mnist1d
     from .optim import Adam
@@ -77,6 +105,15 @@ def train(model_kind: str = "mlp", *, hidden: int = 100, steps: int = 6000, lr: 
     optimizer = Adam(model.parameters(), lr=lr)
     loader = DataLoader(data.x_train, data.y_train, batch_size=batch_size, shuffle=True,
                         drop_last=True, seed=seed)
+    if threads == "auto":
+        threads = auto_threads(model, batch_size)
+    with blas_threads(threads):
+        return model, _loop(model, data, loss_fn, optimizer, loader, model_kind, steps,
+                            eval_every, progress)
+
+
+def _loop(model, data, loss_fn, optimizer, loader, model_kind, steps, eval_every, progress
+          ) -> TrainResult:
     history = []
     loss = np.nan
     step = 0
@@ -100,7 +137,7 @@ def train(model_kind: str = "mlp", *, hidden: int = 100, steps: int = 6000, lr: 
                 break
     seconds = time.perf_counter() - started
     model.eval()
-    result = TrainResult(
+    return TrainResult(
         model=model_kind,
         test_accuracy=accuracy(model, data.x_test, data.y_test),
         train_accuracy=accuracy(model, data.x_train, data.y_train),
@@ -110,4 +147,3 @@ def train(model_kind: str = "mlp", *, hidden: int = 100, steps: int = 6000, lr: 
         final_loss=float(loss),
         history=history,
     )
-    return model, result

@@ -1,0 +1,28 @@
+"""The train recipe: architecture, BLAS thread policy, determinism."""
+
+import numpy as np
+
+import linearkit as lk
+from linearkit.train import auto_threads, blas_threads, build_model, train
+
+
+def test_auto_threads_pins_small_models_only():
+    assert auto_threads(build_model("mlp", 100), batch_size=100) == 1
+    big = lk.Sequential(lk.Linear(4096, 4096, rng=np.random.default_rng(0)))
+    assert auto_threads(big, batch_size=256) is None
+
+
+def test_blas_threads_limits_and_restores():
+    from threadpoolctl import threadpool_info
+
+    before = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+    with blas_threads(1):
+        assert all(pool["num_threads"] == 1 for pool in threadpool_info() if pool["user_api"] == "blas")
+    assert [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"] == before
+
+
+def test_same_seed_same_run_and_dtype_survives():
+    _, first = train("mlp", hidden=16, steps=30, eval_every=0)
+    model, second = train("mlp", hidden=16, steps=30, eval_every=0)
+    assert first.final_loss == second.final_loss and first.test_accuracy == second.test_accuracy
+    assert all(p.dtype == np.float32 for p in model.parameters())
