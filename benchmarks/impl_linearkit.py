@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from . import cases, data
-from .impl_numpy import recipe_variants
+from .impl_numpy import recipe_timing, recipe_variants
 from .timing import loop
 
 lk = None
@@ -172,6 +172,25 @@ def recipe(rec) -> None:
         return time.perf_counter() - start
 
     recipe_variants(rec, once)
+    rec.guarded("train-cli", recipe_timing, cli_path(x_all, y_all, steps),
+                rec.cfg["recipe_repeats"], steps)
+
+
+def cli_path(x_all, y_all, steps: int):
+    """One run of ``linearkit.train.train`` (what ``linearkit train`` runs) on the synthetic
+    data, evaluation off; its own timer (the training loop only, loader included)."""
+    from types import SimpleNamespace
+
+    from linearkit.train import train
+
+    dataset = SimpleNamespace(x_train=x_all, y_train=y_all, x_test=x_all[:1000],
+                              y_test=y_all[:1000])
+
+    def once() -> float:
+        _, result = train("mlp", steps=steps, dataset=dataset, eval_every=0)
+        return result.seconds
+
+    return once
 
 
 def footprint(rec) -> None:
