@@ -37,21 +37,23 @@ What ``run()`` trains, exactly (every choice is an argument of :class:`Config`):
 BLAS is limited to one thread while training (``threadpoolctl``, when installed): these GEMMs
 (64 x 256 x 256) are too small to gain from threads, and on a shared 2-core machine OpenBLAS's
 spinning threads made an epoch 5-10x slower.
+
+This module is the experiment itself (config, tasks, model, training, ``run``, ``main``); the
+page it writes is put together by :mod:`.init_depth_page` from the verdicts of
+:mod:`.init_depth_findings` and the plots of :mod:`.init_depth_plots`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
-import os
-import platform
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import numpy as np
+
+from .._render import markdown_table, text_table
 
 __all__ = ["INITS", "Config", "Result", "Run", "build_mlp", "main", "make_task", "run"]
 
@@ -64,16 +66,8 @@ INITS = {
     "default": ("PyTorch default", "U(±1/√fan_in)"),
 }
 
-#: Predicted factor by which one hidden block (Linear 256->256 then ReLU) multiplies the second
-#: moment of the activations at init: fan_in * Var(w) / 2 (the ReLU keeps half of it).
-_PREDICTED_FACTOR = {
-    "small": 256 * 0.01 ** 2 / 2,
-    "xavier": 256 * (2 / 512) / 2,
-    "kaiming": 1.0,
-    "default": 256 * (1 / (3 * 256)) / 2,
-}
-
-_CHANCE = math.log(10)
+#: Cross-entropy of a uniform guess over the 10 classes (ln 10): "at chance".
+CHANCE = math.log(10)
 
 
 @dataclass(frozen=True)
@@ -197,12 +191,17 @@ def _evaluate(model, loss_fn, x, y, batch: int = 1000) -> tuple[float, float]:
     return total / len(x), correct / len(x)
 
 
+def relu_second_moments(report) -> tuple[list, list[float]]:
+    """The ReLU layers of a ``StatsReport`` (in forward order) and E[h²] = std² + mean² of each."""
+    relus = [s for s in report.layers if s.type == "ReLU" and s.std is not None]
+    return relus, [s.std ** 2 + s.mean ** 2 for s in relus]
+
+
 def _second_moment_factor(report) -> float | None:
     """Geometric-mean factor per hidden block of E[h²] (ReLU outputs) across the network."""
-    relus = [r for r in report.layers if r.type == "ReLU" and r.std is not None]
+    relus, m = relu_second_moments(report)
     if len(relus) < 2:
         return None
-    m = [s.std ** 2 + s.mean ** 2 for s in relus]
     if m[0] <= 0 or m[-1] <= 0:
         return 0.0
     return float((m[-1] / m[0]) ** (1.0 / (len(m) - 1)))
@@ -294,35 +293,20 @@ class Result:
 
     def table(self, runs: list[Run] | None = None) -> str:
         """The aligned text table (of ``runs``; default: the main SGD runs)."""
-        rows = [self._HEADER] + self.rows(runs)
-        widths = [max(len(r[i]) for r in rows) for i in range(len(self._HEADER))]
-        lines = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w)
-                           for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
-        lines.insert(1, "  ".join("-" * w for w in widths))
-        return "\n".join(lines)
+        return "\n".join(text_table(self._HEADER, self.rows(runs), left=range(3)))
 
     def to_markdown(self, runs: list[Run] | None = None) -> str:
         """The table as GitHub markdown (of ``runs``; default: the main SGD runs)."""
-        head = "| " + " | ".join(self._HEADER) + " |"
-        sep = "|" + "|".join(":---" if i < 3 else "---:" for i in range(len(self._HEADER))) + "|"
-        return "\n".join([head, sep] + ["| " + " | ".join(r) + " |" for r in self.rows(runs)])
+        return markdown_table(self._HEADER, self.rows(runs), left=range(3))
 
     def __str__(self) -> str:
         c = self.config
         text = (f"{self.table()}\n(loss = cross-entropy on the training set after epoch k; "
                 f"{c.epochs} epochs, SGD lr={c.lr} momentum={c.momentum}, batch {c.batch_size}; "
-                f"chance = ln 10 = {_CHANCE:.4f}; {self.seconds:.0f} s in all)")
+                f"chance = ln 10 = {CHANCE:.4f}; {self.seconds:.0f} s in all)")
         if self.adam_runs:
             text += f"\nSupplement, Adam lr={c.adam_lr}:\n{self.table(self.adam_runs)}"
         return text
-
-
-def _blas_single_thread():
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # optional (the `bench` extra); only speed depends on it
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
 
 
 def run(out_dir="docs", quick: bool = False, seed: int = 0, *, config: Config | None = None,
@@ -352,6 +336,8 @@ def run(out_dir="docs", quick: bool = False, seed: int = 0, *, config: Config | 
     Result
         ``result.runs`` (one :class:`Run` each), ``str(result)`` the table, ``result.files``.
     """
+    from ..train import blas_threads
+
     if config is None:
         config = Config.quick(seed) if quick else Config(seed=seed)
     start = time.perf_counter()
@@ -366,7 +352,7 @@ def run(out_dir="docs", quick: bool = False, seed: int = 0, *, config: Config | 
                   f"{100 * r.test_acc:.1f}% ({r.seconds:.1f} s)", flush=True)
         return r
 
-    with _blas_single_thread():
+    with blas_threads(1):  # these small GEMMs run faster on one thread (module docstring)
         for task in config.tasks:
             data = make_task(task, config)
             for depth in config.depths:
@@ -380,395 +366,13 @@ def run(out_dir="docs", quick: bool = False, seed: int = 0, *, config: Config | 
     if verbose:
         print(result)
     if write:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        stem = "init_experiment_quick" if quick else "init_experiment"
-        curves = _plot_curves(result, out / f"{stem}.png")
-        stats = _plot_stats(result, out / f"{stem}_stats.png")
-        page = out / f"{stem}.md"
-        page.write_text(_markdown(result, curves.name, stats.name, quick), encoding="utf-8")
-        result.files = [str(page), str(curves), str(stats)]
+        from .init_depth_page import write_page
+
+        result.files = write_page(result, out_dir, quick)
         if verbose:
             print("wrote " + ", ".join(result.files))
     return result
 
-
-# ---------------------------------------------------------------------------- plots
-_COLORS = {"small": "tab:red", "constant": "tab:purple", "xavier": "tab:blue",
-           "kaiming": "tab:green", "default": "tab:orange"}
-# Curves that sit on top of each other at chance level stay visible: wide ones drawn first.
-_STYLES = {"small": {"lw": 5, "alpha": 0.45, "zorder": 1},
-           "constant": {"lw": 3, "ls": "--", "zorder": 2},
-           "xavier": {"lw": 1.5, "zorder": 3},
-           "kaiming": {"lw": 1.5, "zorder": 4},
-           "default": {"lw": 1.5, "ls": ":", "zorder": 5}}
-
-
-def _figure(rows: int, cols: int, size):
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("the init experiment's plots need matplotlib: pip install "
-                          "'linearkit[plot]' (or run(write=False))") from err
-    fig = Figure(figsize=size)
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(rows, cols, squeeze=False)
-    return fig, axes
-
-
-def _plot_curves(result: Result, path: Path) -> Path:
-    c = result.config
-    fig, axes = _figure(len(c.tasks), len(c.depths), (5.2 * len(c.depths), 3.8 * len(c.tasks)))
-    for i, task in enumerate(c.tasks):
-        for j, depth in enumerate(c.depths):
-            ax = axes[i][j]
-            for init in c.inits:
-                r = result.get(task, depth, init)
-                ys = np.array(r.train_loss, dtype=float)
-                ys[~np.isfinite(ys)] = np.nan
-                label = INITS[init][0] + (" (diverged)" if r.diverged else "")
-                ax.plot(np.arange(len(ys)), ys, marker="o", ms=3, color=_COLORS[init],
-                        label=label, **_STYLES[init])
-            ax.axhline(_CHANCE, color="gray", ls=":", lw=1)
-            ax.set_yscale("log")
-            ax.set_title(f"{task}, {depth} layers", fontsize=10)
-            ax.set_xlabel("epoch")
-            ax.set_ylabel("training loss")
-            ax.grid(True, which="both", alpha=0.3)
-            if i == 0 and j == 0:
-                ax.legend(fontsize=7, loc="lower left")
-    fig.suptitle(f"Deep ReLU MLP (width {c.width}), SGD lr={c.lr} momentum={c.momentum}; "
-                 "dotted: chance (ln 10)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(str(path), dpi=100)
-    return path
-
-
-def _plot_stats(result: Result, path: Path) -> Path:
-    c = result.config
-    task, depth = c.tasks[0], max(c.depths)
-    fig, axes = _figure(1, 2, (11, 3.8))
-    for init in c.inits:
-        rep = result.get(task, depth, init).stats
-        lin = [s for s in rep.layers if s.type == "Linear"]
-        xs = np.arange(1, len(lin) + 1)
-        std = np.array([s.std if s.std and s.std > 0 else np.nan for s in lin])
-        grad = np.array([s.param_grad_norms.get("weight") or np.nan for s in lin])
-        for ax, ys in zip(axes[0], (std, grad)):
-            ax.plot(xs, ys, marker="o", ms=3, color=_COLORS[init], label=INITS[init][0],
-                    **_STYLES[init])
-    for ax, title in zip(axes[0], ("std of each Linear's output", "‖∇weight‖ of each Linear")):
-        ax.set_yscale("log")
-        ax.set_xlabel("layer")
-        ax.set_title(f"{title} at init ({task}, {depth} layers)", fontsize=9)
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(str(path), dpi=100)
-    return path
-
-
-# ---------------------------------------------------------------------------- the page
-def _drop(r: Run, epoch: int) -> float:
-    """Relative drop of the training loss from init to ``epoch``."""
-    l0, lk = r.loss_after(0), r.loss_after(epoch)
-    return (l0 - lk) / l0 if math.isfinite(l0) and math.isfinite(lk) and l0 > 0 else math.nan
-
-
-def _stuck(r: Run) -> bool:
-    """Final training loss within 5% of chance (ln 10)."""
-    return abs(r.final_loss - _CHANCE) < 0.05 * _CHANCE
-
-
-def _where(cases) -> str:
-    return ", ".join(f"{t} depth {d}" for t, d in cases) or "nowhere"
-
-
-def _holds(found, everywhere) -> str:
-    return "holds" if len(found) == len(everywhere) else "holds only in " + _where(found)
-
-
-def _summary(result: Result) -> list[str]:
-    """Each of the article's claims, with a verdict the script derives from the numbers."""
-    c = result.config
-    if not {"small", "kaiming"} <= set(c.inits):
-        return []
-    cases = [(t, d) for t in c.tasks for d in c.depths]
-    get = result.get
-    shallow = [(t, d) for t, d in cases if d == min(c.depths)]
-    deep = [(t, d) for t, d in cases if d == max(c.depths)]
-    out = []
-
-    drops = [_drop(get(t, d, "kaiming"), 1) for t, d in cases]
-    fast = [(t, d) for (t, d), x in zip(cases, drops) if x > 0.3]
-    out.append(f"- *Kaiming drops fast in epoch 1*: {_holds(fast, cases)} "
-               f"(training loss {100 * min(drops):.0f}-{100 * max(drops):.0f}% below its initial "
-               "value after one epoch).")
-
-    still = [(t, d) for t, d in shallow if _drop(get(t, d, "small"), 1) < 0.05]
-    out.append(f"- *Small init barely moves in epoch 1 at depth {min(c.depths)}*: "
-               f"{_holds(still, shallow)}.")
-
-    if c.epochs >= 3:
-        stuck8 = [(t, d) for t, d in shallow if _stuck(get(t, d, "small"))]
-        worse = [(t, d) for t, d in shallow if not _stuck(get(t, d, "small"))
-                 and get(t, d, "small").final_loss > 1.5 * get(t, d, "kaiming").final_loss]
-        if len(stuck8) == len(shallow):
-            verdict = (f"not what we measure — the failure is worse: at depth {min(c.depths)} "
-                       f"the loss does not start to fall by epoch 3; it is still at chance after "
-                       f"{c.epochs} epochs (like the article's depth-{max(c.depths)} case)")
-        elif len(worse) + len(stuck8) == len(shallow):
-            verdict = ("holds" if not stuck8 else
-                       f"holds, or worse (still at chance in {_where(stuck8)})")
-        else:
-            verdict = "not reproduced in " + _where(
-                [x for x in shallow if x not in worse and x not in stuck8])
-        out.append(f"- *... starts to fall slowly by epoch 3 and converges to a clearly worse "
-                   f"point*: {verdict}.")
-
-    stuck16 = [(t, d) for t, d in deep if _stuck(get(t, d, "small"))]
-    out.append(f"- *At depth {max(c.depths)} the small init does not converge (loss stuck "
-               f"high)*: {_holds(stuck16, deep)}.")
-
-    if "default" in c.inits:
-        dflt = [(t, d) for t, d in cases if _stuck(get(t, d, "default"))]
-        if dflt:
-            out.append(f"- *Not in the article*: PyTorch's default init (`U(±1/√fan_in)`) is also "
-                       f"still at chance after {c.epochs} epochs in: {_where(dflt)}.")
-    if "xavier" in c.inits:
-        xs = [(t, d) for t, d in cases if _stuck(get(t, d, "xavier"))]
-        slow = ", ".join(f"{t} depth {d}: {get(t, d, 'xavier').loss_after(3):.3g} vs "
-                         f"{get(t, d, 'kaiming').loss_after(3):.3g}" for t, d in deep)
-        later = all(get(t, d, "xavier").loss_after(3) > get(t, d, "kaiming").loss_after(3)
-                    for t, d in deep)
-        out.append(f"- Xavier (uniform) is still at chance in: {_where(xs)}; at depth "
-                   f"{max(c.depths)} {'it starts later than Kaiming ' if later else ''}"
-                   f"(loss@3, Xavier vs Kaiming: {slow}).")
-    out += _adam_summary(result)
-    return out
-
-
-def _article_pattern(s: Run, k: Run) -> bool:
-    """The article's depth-8 story: flat epoch 1, falling by epoch 3, ends clearly worse."""
-    return (_drop(s, 1) < 0.05 and _drop(s, 3) >= 0.05 and not _stuck(s)
-            and s.final_loss > 1.5 * k.final_loss)
-
-
-def _adam_summary(result: Result) -> list[str]:
-    c = result.config
-    if not result.adam_runs or not {"small", "kaiming"} <= set(c.adam_inits):
-        return []
-    task = result.adam_runs[0].task
-    lo, hi = min(c.depths), max(c.depths)
-    s, k = result.get(task, lo, "small", "adam"), result.get(task, lo, "kaiming", "adam")
-    s16 = result.get(task, hi, "small", "adam")
-    fits = _article_pattern(s, k)
-    sgd_fits = _article_pattern(result.get(task, lo, "small"), result.get(task, lo, "kaiming"))
-    story = ("does what the article describes" if fits else
-             "does not follow the article's description either")
-    line = (f"- *With Adam (lr {c.adam_lr}) instead of SGD* ({task}, supplement below): at depth "
-            f"{lo} the small init {story} — {s.loss_after(0):.4g} -> {s.loss_after(1):.4g} in "
-            f"epoch 1 ({100 * _drop(s, 1):.2f}% lower), {s.loss_after(3):.4g} after epoch 3, "
-            f"{s.final_loss:.3g} at the end vs Kaiming's {k.final_loss:.3g}; at depth {hi} it ends "
-            f"at {s16.final_loss:.4g} ({'at chance' if _stuck(s16) else 'it trains'}).")
-    if fits and not sgd_fits:
-        line += (" So the article's picture matches an Adam-style optimizer; with SGD + momentum "
-                 "at this learning rate the small init never gets going at all.")
-    return [line]
-
-
-def _details(result: Result) -> list[str]:
-    c = result.config
-    lines: list[str] = []
-    if not {"small", "kaiming"} <= set(c.inits):
-        return lines
-    for task in c.tasks:
-        lines += ["", f"**{task}**", ""]
-        for depth in c.depths:
-            s, k = result.get(task, depth, "small"), result.get(task, depth, "kaiming")
-            lines.append(
-                f"- depth {depth}: N(0, 0.01²) {s.loss_after(0):.4g} -> {s.loss_after(1):.4g} "
-                f"(epoch 1, {100 * _drop(s, 1):.2f}% lower) -> {s.loss_after(3):.4g} (epoch 3) -> "
-                f"{s.final_loss:.4g} (epoch {len(s.train_loss) - 1}, "
-                f"test {100 * s.test_acc:.1f}%); "
-                f"Kaiming {k.loss_after(0):.4g} -> {k.loss_after(1):.4g} "
-                f"({100 * _drop(k, 1):.1f}% lower) -> {k.loss_after(3):.4g} -> "
-                f"{k.final_loss:.4g} (test {100 * k.test_acc:.1f}%).")
-            stuck = [INITS[i][0] for i in c.inits if _stuck(result.get(task, depth, i))]
-            lines.append(f"- depth {depth}: within 5% of chance after {c.epochs} epochs: "
-                         f"{', '.join(stuck) if stuck else 'none'}.")
-    return lines
-
-
-def _predicted_factor(init: str, width: int) -> float | None:
-    """Predicted factor of E[h²] per hidden block (weights only; biases ignored)."""
-    return {"small": width * 0.01 ** 2 / 2, "xavier": 0.5, "kaiming": 1.0, "default": 1 / 6,
-            "constant": (0.01 * width) ** 2}.get(init)
-
-
-def _factor_table(result: Result) -> str:
-    c = result.config
-    task, depth = c.tasks[0], max(c.depths)
-    rows = [("| init | predicted factor per block | measured, first block | measured, geometric "
-             "mean over all blocks | std of last / first hidden ReLU output |"),
-            "|:---|---:|---:|---:|---:|"]
-    for init in c.inits:
-        r = result.get(task, depth, init)
-        relus = [s for s in r.stats.layers if s.type == "ReLU"]
-        m = [s.std ** 2 + s.mean ** 2 for s in relus]
-        first = m[1] / m[0] if len(m) > 1 and m[0] > 0 else math.nan
-        ratio = (relus[-1].std / relus[0].std) if relus and relus[0].std else math.nan
-        pred = _predicted_factor(init, c.width)
-        meas = "-" if r.std_factor is None else f"{r.std_factor:.4g}"
-        rows.append(f"| {INITS[init][0]} | {pred:.4g} | {first:.4g} | {meas} | {ratio:.3g} |")
-    return "\n".join(rows)
-
-
-def _default_floor(result: Result) -> str:
-    """Predicted and measured std at which the default init's pre-activations settle."""
-    c = result.config
-    if "default" not in c.inits:
-        return ""
-    var_b = 1.0 / (3 * c.width)
-    floor = math.sqrt(var_b / (1 - 1 / 6))
-    r = result.get(c.tasks[0], max(c.depths), "default")
-    lin = [s.std for s in r.stats.layers if s.type == "Linear"][1:-1]
-    late = lin[len(lin) // 2:]
-    measured = float(np.median(late)) if late else math.nan
-    return (f"predicted `sqrt(Var(b) / (1 − 1/6))` = {floor:.3g} with `Var(b) = 1/(3·{c.width})`; "
-            f"measured median over the deeper half of the hidden Linears: {measured:.3g}")
-
-
-def _adam_eps_note(result: Result) -> str:
-    """Why Adam cannot rescue the deepest small init: its gradients sit far below eps."""
-    c = result.config
-    runs = [r for r in result.adam_runs if r.init == "small" and r.depth == max(c.depths)]
-    if not runs or runs[0].stats is None:
-        return ""
-    norms = [s.param_grad_norms["weight"] for s in runs[0].stats.layers
-             if s.type == "Linear" and "weight" in s.param_grad_norms]
-    if not norms:
-        return ""
-    return (f"\nAt depth {max(c.depths)} with N(0, 0.01²), `record_stats` measures weight-gradient "
-            f"norms of {min(norms):.2g} to {max(norms):.2g} at init (whole matrices, so every "
-            "element is smaller still). With gradients far below Adam's `eps = 1e-8`, Adam's "
-            f"step is about `lr · g / eps` ≤ {c.adam_lr:g} · {max(norms):.2g} / 1e-8 = "
-            f"{c.adam_lr * max(norms) / 1e-8:.2g} per weight: much larger than SGD's, and still "
-            "far too small to matter.\n")
-
-
-def _markdown(result: Result, curves: str, stats: str, quick: bool) -> str:
-    c = result.config
-    runs_s = f"{result.seconds:.0f} s on {os.cpu_count()} CPU core(s) ({platform.machine()})"
-    banner = ("> **Quick smoke run** (`--quick`: width 32, 256 samples, 3 epochs). Not the "
-              "experiment; run `linearkit experiment init-depth` for the real page.\n\n"
-              if quick else "")
-    init_list = ", ".join(f"{INITS[i][0]} (bias {INITS[i][1]})" for i in c.inits)
-    n_stats = min(c.stats_batch, c.n_train or 4000)
-    adam = ""
-    if result.adam_runs:
-        adam = f"""
-## Supplement: the same networks with Adam
-
-Adam (lr {c.adam_lr}, betas (0.9, 0.999), eps 1e-8) on {result.adam_runs[0].task}, everything
-else unchanged. Adam divides each step by the running RMS of that parameter's gradient, so a
-tiny gradient is not by itself a tiny step — until it is far below `eps`.
-
-{result.to_markdown(result.adam_runs)}
-{_adam_eps_note(result)}"""
-    return f"""# Does init decide whether a deep MLP trains? (article 004 §4.3, reproduced)
-
-{banner}Generated by `linearkit experiment init-depth` (`linearkit/experiments/init_depth.py`);
-every number and both plots below come from that run ({runs_s}). Do not edit by hand.
-
-## The claim
-
-Article 004 §4.3: an 8-layer fully connected network of width 256 on a simple classification
-task with input dimension 128; only the init changes. With a fixed small-constant init ("0.01
-量级") the loss barely moves in epoch 1, starts to fall slowly around epoch 3 and converges to a
-clearly worse point; with Kaiming it drops fast in epoch 1. At 16 layers the small init does not
-converge at all — the loss stays high — because the signal is squeezed towards zero layer by
-layer.
-
-## What we measured, in short
-
-{chr(10).join(_summary(result))}
-
-(Verdict words are chosen by the script: "barely moves" = less than 5% below the initial loss,
-"drops fast" = more than 30% below it, "at chance" / "does not converge" = final training loss
-within 5% of ln 10, "clearly worse" = final loss more than 1.5x Kaiming's.)
-
-## The setup, exactly
-
-- Model: {' and '.join(str(d) for d in c.depths)} Linear layers (ReLU between, none after the
-  last), width {c.width}, {c.classes} classes, no normalization, no residuals, float32.
-- Inits (every Linear the same way): {init_list}. "0.01 量级" is read as **N(0, 0.01²)**:
-  the article's own init table lists it as "小常数随机 — 固定小值" (small random numbers of a
-  fixed scale), its §4.1 explains that identical constants cannot break symmetry, and its
-  mechanism (signal squeezed to zero) is what N(0, 0.01²) does. The literal reading, every weight
-  = 0.01, is shown as its own row: it fails differently (see below).
-- Tasks: **mnist1d** — MNIST-1D, input 40, 4,000 train / 1,000 test (`linearkit.data.mnist1d()`);
-  **gmm128** — input 128 as in the article: 10 Gaussian classes, means
-  `mu_c ~ N(0, {c.gmm_scale}²/128 · I)`, `x = mu_y + N(0, I)`, labels uniform, 4,000 train /
-  1,000 test from `numpy.random.default_rng(128)` (a linear classifier reaches about 94% test
-  accuracy on it).
-- Training: SGD, lr {c.lr}, momentum {c.momentum}, batch {c.batch_size}, {c.epochs} epochs,
-  cross-entropy; identical hyperparameters, weight seed and batch order for every init
-  (seed {c.seed}). SGD because the article's claim is about plain SGD-style training; Adam is a
-  supplement below.
-- `loss@k`: cross-entropy on the whole training set after epoch k (`loss@0`: at init). Chance
-  level is ln 10 = {_CHANCE:.4f}. `test acc`: after the last epoch. `flags@init`: how many
-  findings `linearkit.analysis.stats.record_stats` reports on {n_stats} training samples before
-  training (activation std more than 10x off the first layer's, gradient norm more than 10x off
-  the last layer's, ‖∇p‖/‖p‖ < 1e-5, or at least 99% exact zeros).
-
-## Results
-
-{result.to_markdown()}
-
-![training loss per epoch]({curves})
-
-### Per task
-{chr(10).join(_details(result))}
-
-## Why: what each init does to the signal at init
-
-One hidden block (Linear {c.width}→{c.width}, then ReLU) multiplies the second moment of the
-activations by `fan_in · Var(w) / 2` at init (biases ignored). Predicted, and measured by
-`record_stats` on the {max(c.depths)}-layer network ({c.tasks[0]}, before training):
-
-{_factor_table(result)}
-
-![per-layer statistics at init]({stats})
-
-- **N(0, 0.01²)**: `{c.width} · 1e-4 / 2` per block, so the activations' std shrinks about
-  {1 / math.sqrt(_predicted_factor("small", c.width)):.1f}x per layer, and the backward signal
-  shrinks the same way: every weight's gradient is tiny at init (right panel), and SGD's steps
-  are as tiny as the gradients.
-- **constant 0.01**: every unit of a layer computes the same number, and gradient descent keeps
-  it that way (identical units get identical gradients): the network is effectively one unit
-  wide, however long it trains. Summing {c.width} equal inputs at weight 0.01 multiplies the
-  signal by {0.01 * c.width:.2f} per layer (for inputs whose first pre-activation is positive;
-  the rest die at the first ReLU). The 10 logits are identical too, so the initial loss is
-  exactly ln 10, and the gradient flowing back into the hidden layers is `0.01 · Σ_c
-  (softmax − onehot)_c`, which is zero up to rounding.
-- **Xavier (uniform, gain 1)**: `{c.width} · (2 / {2 * c.width}) / 2 = 0.5` — made for tanh;
-  with ReLU the second moment halves per block (std ×0.71).
-- **Kaiming (normal, fan_in, ReLU gain √2)**: factor 1 by construction — the signal keeps its
-  scale through all the layers.
-- **PyTorch's default** (`U(±1/√fan_in)` for weight and bias, = `kaiming_uniform_(a=√5)`):
-  `1/3 · 1/2 = 1/6` per block from the weights, so the first blocks shrink the signal; the bias,
-  drawn from the same range, then holds the pre-activations at a floor instead of letting them
-  vanish ({_default_floor(result)}). The signal that reaches the output is then mostly bias, not
-  input, and the gradient reaching the first layers is small. It is not Kaiming init for ReLU.
-{adam}
-## Caveats
-
-One seed, one learning rate per optimizer, {c.epochs} epochs, CPU float32: these numbers show
-the mechanism, not a tuned benchmark. The per-layer factors at init do not depend on the
-optimizer or the task; how long a badly scaled network takes to escape (if ever) does.
-"""
 
 # ---------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
