@@ -12,10 +12,11 @@ torch is imported only here.
 from __future__ import annotations
 
 import copy
-import math
 
-from ..errors import ShapeError
-from .ledger import ELEMENTWISE_FLOPS, _Acc, _elementwise_cost, _lead, _linear_cost, _norm_cost
+from ...errors import ShapeError
+from .accumulator import Acc
+from .costs import ELEMENTWISE_FLOPS, kind_cost
+from .report import linear_text
 
 __all__ = ["torch_pass"]
 
@@ -36,8 +37,7 @@ def _first_tensor(out, torch):
 def _describe(m, nn) -> tuple[str, str]:
     """(type text, kind) of a torch module."""
     if isinstance(m, nn.Linear) and not isinstance(m, nn.LazyLinear):
-        bias = "" if m.bias is not None else ", bias=False"
-        return f"Linear({m.in_features}, {m.out_features}{bias})", "linear"
+        return linear_text(m.in_features, m.out_features, m.bias is not None), "linear"
     if isinstance(m, nn.LazyLinear):
         return f"LazyLinear(?, {m.out_features})", "linear"
     if isinstance(m, nn.LayerNorm):
@@ -62,25 +62,14 @@ def _is_lazy(p, nn) -> bool:
     return isinstance(p, nn.parameter.UninitializedParameter)
 
 
-def _cost(m, kind, xs, need):
-    numel = math.prod(xs)
-    if kind == "linear":
-        bias = m.bias is not None
-        return _linear_cost(_lead(xs), m.in_features, m.out_features, bias, need,
-                            m.weight.requires_grad, bias and m.bias.requires_grad)
-    if kind == "activation":
-        return _elementwise_cost(type(m).__name__, numel, need)
-    if kind == "dropout":
-        return _elementwise_cost("Dropout", numel, need) if m.training and m.p else (0,) * 6
-    if kind in ("layernorm", "batchnorm"):
-        w, b = m.weight, m.bias
-        ev = kind == "batchnorm" and not m.training and m.running_var is not None
-        return _norm_cost(numel, w is not None, b is not None, need,
-                          w is not None and w.requires_grad, b is not None and b.requires_grad,
-                          eval_mode=ev)
-    if kind in ("flatten", "identity", "sequential", "container"):
-        return (0,) * 6
-    return None
+def _own(m, nn) -> list:
+    """[(key, numel, trainable)] of ``m``'s own parameters; an uninitialized one counts 0."""
+    return [(id(p), 0 if _is_lazy(p, nn) else p.numel(), p.requires_grad)
+            for p in m.parameters(recurse=False)]
+
+
+def _linear_info(m) -> dict:
+    return {"in": m.in_features, "out": m.out_features, "bias": m.bias is not None}
 
 
 def torch_pass(model, shape, override):
@@ -98,7 +87,7 @@ def torch_pass(model, shape, override):
     store = override.name if override is not None else str(pdtype).replace("torch.", "")
     buffers = sum(b.numel() * (itemsize if b.is_floating_point() else b.element_size())
                   for b in model.buffers())
-    acc = _Acc(itemsize)
+    acc = Acc(itemsize)
     if shape is None:
         _tree_rows(model, acc, nn)
         return acc, store, itemsize, buffers
@@ -171,19 +160,16 @@ def torch_pass(model, shape, override):
         i = acc.row(path, type_, call["depth"], kind=kind, input_shape=xs, output_shape=ys,
                     output_bytes=None if y is None else y.numel() * itemsize)
         rows.append(i)
-        own = [(id(p), 0 if _is_lazy(p, nn) else p.numel(), p.requires_grad)
-               for p in orig.parameters(recurse=False)]
-        acc.own_params(i, own)
+        acc.own_params(i, _own(orig, nn))
         if any(_is_lazy(p, nn) for p in orig.parameters(recurse=False)):
             acc.rows[i].note = "uninitialized (in_features=?)"
         if kind == "linear":
-            acc.rows[i].info = {"in": m.in_features, "out": m.out_features,
-                                "bias": m.bias is not None}
+            acc.rows[i].info = _linear_info(m)
             if not _is_lazy(orig.weight, nn):
                 acc.linear_weights[i] = orig.weight.detach().float().cpu().numpy()
         elif kind == "batchnorm":
             acc.rows[i].info = {"c": m.num_features}
-        cost = None if xs is None else _cost(m, kind, xs, bool(x.requires_grad))
+        cost = None if xs is None else kind_cost(m, kind, xs, bool(x.requires_grad))
         if cost is None:
             if kind == "unknown":
                 acc.unaccounted.append(path)
@@ -202,8 +188,7 @@ def torch_pass(model, shape, override):
     called = {target_paths.get(id(c["module"])) for c in calls}
     for path, m in model.named_modules():  # parameters of modules forward never reached
         if path not in called:
-            own = [(id(p), 0 if _is_lazy(p, nn) else p.numel(), p.requires_grad)
-                   for p in m.parameters(recurse=False)]
+            own = _own(m, nn)
             if own:
                 i = acc.row(path, _describe(m, nn)[0], path.count(".") + 1, kind="unused",
                             note="not called by forward")
@@ -220,11 +205,9 @@ def _tree_rows(model, acc, nn) -> None:
         type_, kind = _describe(m, nn)
         i = acc.row(path, type_, 0 if not path else path.count(".") + 1, kind=kind)
         index[path] = i
-        acc.own_params(i, [(id(p), 0 if _is_lazy(p, nn) else p.numel(), p.requires_grad)
-                           for p in m.parameters(recurse=False)])
+        acc.own_params(i, _own(m, nn))
         if kind == "linear" and not _is_lazy(m.weight, nn):
-            acc.rows[i].info = {"in": m.in_features, "out": m.out_features,
-                                "bias": m.bias is not None}
+            acc.rows[i].info = _linear_info(m)
             acc.linear_weights[i] = m.weight.detach().float().cpu().numpy()
     for path in sorted(index, key=lambda p: -p.count(".") if p else 1):
         if path:
