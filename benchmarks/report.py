@@ -512,8 +512,9 @@ def _rounds(meta: dict) -> str:
     rounds = meta.get("rounds") or 1
     if rounds == 1:
         return ""
-    return (f", pooled over {rounds} rounds of child processes run in alternating order "
-            "(`--rounds`)")
+    return (f"; each case ran in {rounds} rounds of child processes, frameworks in alternating "
+            "order, and the round with the lowest median is kept (`--rounds`: a burst of load "
+            "from other processes can slow a whole round several times over)")
 
 
 def _wall(meta: dict) -> str:

@@ -16,7 +16,6 @@ import datetime as dt
 import importlib.util
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -67,22 +66,34 @@ def run_child(framework: str, group: str, quick: bool | str, env: dict, timeout:
 
 
 def merge_rounds(outs: list[dict]) -> dict:
-    """One worker output from several rounds: every case's repeats pooled, medians recomputed."""
+    """One worker output from several rounds: for each case, the round with the lowest median.
+
+    On a shared machine a burst of load can slow one whole child process many times over
+    (a BLAS thread waiting for a core); the least disturbed round is the better estimate.
+    Every round's median is kept under ``round_medians_s``.
+    """
     if len(outs) == 1:
         return outs[0]
     merged = json.loads(json.dumps(outs[0]))
     merged["rounds"] = len(outs)
     merged["child_s"] = sum(o.get("child_s", 0.0) for o in outs)
-    for case, res in merged.get("results", {}).items():
-        pooled = [t for o in outs for t in o.get("results", {}).get(case, {}).get("repeats_s", [])]
-        if "repeats_s" in res and pooled:
-            res["repeats_s"] = pooled
-            res["median_s"] = statistics.median(pooled)
-            res["min_s"] = min(pooled)
-            if "steps" in res:
-                res["ms_per_step"] = 1e3 * res["median_s"] / res["steps"]
+    results = merged.setdefault("results", {})
+    cases_seen = {c for o in outs for c in o.get("results", {})}
+    for case in cases_seen:
+        found = [o["results"][case] for o in outs
+                 if case in o.get("results", {}) and "median_s" in o["results"][case]]
+        if not found:
+            continue
+        best = dict(min(found, key=lambda r: r["median_s"]))
+        best["round_medians_s"] = [r["median_s"] for r in found]
+        results[case] = best
     for o in outs[1:]:
-        merged.setdefault("errors", {}).update(o.get("errors", {}))
+        for case, err in o.get("errors", {}).items():
+            if case not in results:
+                merged.setdefault("errors", {})[case] = err
+    for case in list(merged.get("errors", {})):
+        if case in results:
+            del merged["errors"][case]
     return merged
 
 
@@ -112,7 +123,7 @@ def parse_args(argv):
                    help="report (and --write-docs) from saved results instead of measuring")
     p.add_argument("--rounds", type=int, default=1, metavar="R",
                    help="run the timed groups R times, alternating the frameworks' order, and "
-                        "pool the repeats (evens out a load that drifts during the run)")
+                        "keep each case's least disturbed round (for a busy machine)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="set OMP/OPENBLAS/MKL_NUM_THREADS=N in the children (default: the "
                         "libraries' own choice, i.e. every core)")
