@@ -69,7 +69,8 @@ def linear_backward(
         else:
             dw = np.matmul(dy2.T, x2)
     if need_db:
-        db = dy2.sum(axis=0)
+        # One row: its copy *is* the sum (bitwise), at a fraction of a reduction's overhead.
+        db = dy2[0].copy() if dy2.shape[0] == 1 else dy2.sum(axis=0)
     return dx, dw, db
 
 
