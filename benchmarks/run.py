@@ -217,6 +217,7 @@ def main(argv=None) -> int:
         return 0
     if args.from_json:
         results = json.loads(Path(args.from_json).read_text())
+        results.setdefault("meta", {})["rendered_from"] = args.from_json
     else:
         results = measure_all(args)
     if args.save:
