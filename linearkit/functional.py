@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 __all__ = [
-    "linear", "linear_backward",
+    "linear", "linear_backward", "linear_input_grad", "linear_weight_grad", "linear_bias_grad",
     "relu", "relu_backward", "leaky_relu", "leaky_relu_backward",
     "gelu", "gelu_backward", "tanh", "tanh_backward", "sigmoid", "sigmoid_backward",
     "silu", "silu_backward", "softmax", "softmax_backward", "log_softmax", "log_softmax_backward",
@@ -43,7 +43,7 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
 
 def linear_backward(
     dy: np.ndarray,
-    x: np.ndarray,
+    x: np.ndarray | None,
     weight: np.ndarray,
     need_dx: bool = True,
     need_dw: bool = True,
@@ -54,24 +54,70 @@ def linear_backward(
     Shapes: dy ``(*, out)``, x ``(*, in)``, weight ``(out, in)`` ->
     dx ``(*, in)``, dW ``(out, in)``, db ``(out,)``. A gradient not asked for is ``None`` and
     its GEMM is never run (``x`` is only read for dW, so it may be None when ``need_dw`` is False).
-    Every returned array is freshly allocated (never a view of dy or x).
+    Every returned array is freshly allocated (never a view of dy or x). The three parts are
+    also available alone (``linear_input_grad``, ``linear_weight_grad``, ``linear_bias_grad``),
+    the last two able to write into or add into an existing gradient buffer.
     """
-    out_features, in_features = weight.shape
-    dy2 = dy.reshape(-1, out_features)
-    dx = dw = db = None
-    if need_dx:
-        dx = np.matmul(dy2, weight).reshape(dy.shape[:-1] + (in_features,))
-    if need_dw:
-        x2 = x.reshape(-1, in_features)
-        if dy2.shape[0] == 1:
-            # One row: an outer product. OpenBLAS's GEMM path for a K=1 product is 3-7x slower.
-            dw = np.multiply(dy2.T, x2)
-        else:
-            dw = np.matmul(dy2.T, x2)
-    if need_db:
-        # One row: its copy *is* the sum (bitwise), at a fraction of a reduction's overhead.
-        db = dy2[0].copy() if dy2.shape[0] == 1 else dy2.sum(axis=0)
+    dx = linear_input_grad(dy, weight) if need_dx else None
+    dw = linear_weight_grad(dy, x) if need_dw else None
+    db = linear_bias_grad(dy) if need_db else None
     return dx, dw, db
+
+
+def linear_input_grad(dy: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """``dx = dy @ weight``: dy ``(*, out)``, weight ``(out, in)`` -> dx ``(*, in)``."""
+    out_features, in_features = weight.shape
+    if dy.ndim == 2:
+        return np.matmul(dy, weight)
+    return np.matmul(dy.reshape(-1, out_features), weight).reshape(dy.shape[:-1] + (in_features,))
+
+
+# Rows of a one-row dW formed per block when accumulating: the block stays in cache and no
+# gradient-sized temporary (page faults on every call for a large layer) is allocated.
+_OUTER_BLOCK = 64
+
+
+def linear_weight_grad(dy: np.ndarray, x: np.ndarray, out: np.ndarray | None = None,
+                       accumulate: bool = False) -> np.ndarray:
+    """``dW = dyᵀ x`` summed over all leading dims: dy ``(*, out)``, x ``(*, in)`` -> ``(out, in)``.
+
+    Returned fresh when ``out`` is None; otherwise written into ``out``, or added into it when
+    ``accumulate`` (for one row, block by block, with no gradient-sized temporary).
+    """
+    dy2 = dy if dy.ndim == 2 else dy.reshape(-1, dy.shape[-1])
+    x2 = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
+    if dy2.shape[0] == 1:
+        # One row: an outer product. OpenBLAS's GEMM path for a K=1 product is 3-7x slower.
+        column = dy2.T
+        if out is None:
+            return np.multiply(column, x2)
+        if not accumulate:
+            return np.multiply(column, x2, out=out)
+        block = np.empty((min(_OUTER_BLOCK, out.shape[0]), x2.shape[1]), out.dtype)
+        for start in range(0, out.shape[0], _OUTER_BLOCK):
+            rows = out[start:start + _OUTER_BLOCK]
+            rows += np.multiply(column[start:start + _OUTER_BLOCK], x2, out=block[:len(rows)])
+        return out
+    if out is None:
+        return np.matmul(dy2.T, x2)
+    if not accumulate:
+        return np.matmul(dy2.T, x2, out=out)
+    out += np.matmul(dy2.T, x2)
+    return out
+
+
+def linear_bias_grad(dy: np.ndarray, out: np.ndarray | None = None,
+                     accumulate: bool = False) -> np.ndarray:
+    """``db = Σ dy`` over all leading dims: dy ``(*, out)`` -> ``(out,)``; ``out`` as above."""
+    dy2 = dy if dy.ndim == 2 else dy.reshape(-1, dy.shape[-1])
+    one_row = dy2.shape[0] == 1
+    if out is None:
+        # One row: its copy *is* the sum (bitwise), at a fraction of a reduction's overhead.
+        return dy2[0].copy() if one_row else dy2.sum(axis=0)
+    if accumulate:
+        out += dy2[0] if one_row else dy2.sum(axis=0)
+        return out
+    return np.sum(dy2, axis=0, out=out)
 
 
 # ------------------------------------------------------------------------- activations

@@ -32,7 +32,7 @@ class Parameter:
     use); ``zero_grad()`` resets it.
     """
 
-    __slots__ = ("data", "grad", "requires_grad", "__weakref__")
+    __slots__ = ("data", "grad", "requires_grad", "_zeroed", "__weakref__")
 
     def __init__(self, data, requires_grad: bool = True):
         data = np.asarray(data)
@@ -44,6 +44,9 @@ class Parameter:
         self.data = data
         self.grad: np.ndarray | None = None
         self.requires_grad = bool(requires_grad)
+        # The array zero_grad(set_to_none=False) zeroed; while it is still ``grad``, the next
+        # backward may overwrite it instead of adding into it (saving a temporary and a pass).
+        self._zeroed: np.ndarray | None = None
 
     shape = property(lambda self: self.data.shape, doc="Shape of ``data``.")
     dtype = property(lambda self: self.data.dtype, doc="dtype of ``data``.")
@@ -58,8 +61,35 @@ class Parameter:
         """Add ``grad`` into ``.grad``; ``grad`` must be a fresh array (it may be kept as is)."""
         if self.grad is None:
             self.grad = grad
+        elif self._zeroed is self.grad:
+            self.grad[...] = grad
         else:
             self.grad += grad
+        self._zeroed = None
+
+    def grad_target(self) -> tuple[np.ndarray | None, bool]:
+        """Where a backward should put this parameter's next gradient contribution.
+
+        ``(None, False)``: no gradient yet, allocate one and ``accumulate`` it.
+        ``(grad, False)``: ``grad`` was zeroed in place by ``zero_grad(set_to_none=False)``;
+        overwrite it. ``(grad, True)``: add into ``grad``. After writing, call ``wrote()``.
+        """
+        grad = self.grad
+        if grad is None:
+            return None, False
+        return grad, self._zeroed is not grad
+
+    def wrote(self) -> None:
+        """Record that a backward wrote into ``.grad`` through ``grad_target`` (it is not zero)."""
+        self._zeroed = None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """``grad = None``, or (``set_to_none=False``) fill it with zeros in place and reuse it."""
+        if set_to_none:
+            self.grad = None
+        elif self.grad is not None:
+            self.grad.fill(0)
+            self._zeroed = self.grad
 
     def __array__(self, dtype=None, copy=None):
         if dtype is None or dtype == self.data.dtype:
@@ -325,10 +355,7 @@ class Module:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset every parameter's ``.grad`` to None (default) or fill it with zeros in place."""
         for p in self.parameters():
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.fill(0)
+            p.zero_grad(set_to_none)
 
     def to(self, dtype) -> "Module":
         """Convert every floating parameter and buffer to ``dtype`` in place; returns self."""

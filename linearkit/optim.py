@@ -108,13 +108,21 @@ class Optimizer:
 
     # ------------------------------------------------------------------ stepping
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Reset every parameter's ``.grad``: to None (default), or fill it with zeros in place."""
+        """Reset every parameter's ``.grad``: to None (default), or fill it with zeros in place.
+
+        In place (``set_to_none=False``), the next backward overwrites the zeroed buffers
+        instead of allocating new ones; a group whose gradients live in one flat buffer (see
+        ``_flat_state``) is zeroed with a single call.
+        """
         for group in self.param_groups:
+            flat = self._flat.get(id(group))
+            if not set_to_none and flat is not None and flat.owns_grads(group["params"]):
+                flat.buffers["grad"].fill(0)
+                for p in group["params"]:
+                    p._zeroed = p.grad
+                continue
             for p in group["params"]:
-                if set_to_none:
-                    p.grad = None
-                elif p.grad is not None:
-                    p.grad.fill(0)
+                p.zero_grad(set_to_none)
 
     def step(self, closure: Callable[[], object] | None = None):
         """One update of every parameter that has a gradient; returns ``closure()`` if given."""
@@ -253,6 +261,7 @@ class _FlatState:
         self.arrays = {key: np.zeros(total, dtype) for key in keys}
         self.buffers = {"grad": np.empty(total, dtype), "data": np.empty(total, dtype)}
         self.views = {key: self.split(array) for key, array in self.arrays.items()}
+        self.grad_views = self.split(self.buffers["grad"])
         for i, p in enumerate(self.params):
             entry = state[p]
             for key in keys:
@@ -277,6 +286,24 @@ class _FlatState:
     def gather(self, arrays: list, into: str = "grad") -> np.ndarray:
         """Copy ``arrays`` (one per parameter) into a flat buffer and return it."""
         return np.concatenate([a.reshape(-1) for a in arrays], out=self.buffers[into])
+
+    def owns_grads(self, params: list) -> bool:
+        """True when every ``p.grad`` is this object's view of its flat gradient buffer."""
+        return all(p.grad is view for p, view in zip(params, self.grad_views))
+
+    def adopt_grads(self, params: list) -> np.ndarray:
+        """The group's gradients as one flat array; afterwards each ``p.grad`` is a view of it.
+
+        Gradients already there (written in place after ``zero_grad(set_to_none=False)``) cost
+        nothing; new ones are copied in once and rebound (same values, new home).
+        """
+        flat = self.buffers["grad"]
+        if not self.owns_grads(params):
+            self.gather([p.grad for p in params])
+            for p, view in zip(params, self.grad_views):
+                p.grad = view
+                p._zeroed = None
+        return flat
 
 
 def _check(condition: bool, message: str) -> None:
@@ -380,7 +407,7 @@ class Adam(Optimizer):
             t = self.state[params[0]]["step"] + 1
             for p in params:
                 self.state[p]["step"] = t
-            g = flat.gather([grad for _, grad in live])
+            g = flat.adopt_grads(params)
             data = None
             if weight_decay != 0:
                 if self._decoupled:

@@ -125,7 +125,7 @@ def _loop(model, data, loss_fn, optimizer, loader, model_kind, steps, eval_every
             loss, loss_backward = loss_fn.vjp(pred, yb)
             backward(loss_backward())
             optimizer.step()
-            optimizer.zero_grad()
+            optimizer.zero_grad(set_to_none=False)  # reuse the gradient buffers
             step += 1
             test_acc = None
             if eval_every and (step % eval_every == 0 or step == steps):

@@ -59,3 +59,22 @@ def test_activation_dtype_is_kept():
               F.leaky_relu(x), F.softmax(x), F.log_softmax(x),
               F.gelu_backward(x, x), F.silu_backward(x, x), F.sigmoid_backward(x, x)):
         assert y.dtype == np.float32
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("out_features", [3, 150])  # 150 > one 64-row block
+def test_weight_and_bias_grad_into_buffers_equal_fresh(rows, out_features):
+    rng = np.random.default_rng(rows + out_features)
+    dy = rng.standard_normal((rows, out_features))
+    x = rng.standard_normal((rows, 7))
+    fresh_w, fresh_b = F.linear_weight_grad(dy, x), F.linear_bias_grad(dy)
+    np.testing.assert_allclose(fresh_w, dy.T @ x, rtol=1e-13, atol=1e-13)
+    buf_w, buf_b = np.full_like(fresh_w, 9.0), np.full_like(fresh_b, 9.0)
+    assert F.linear_weight_grad(dy, x, buf_w) is buf_w
+    assert F.linear_bias_grad(dy, buf_b) is buf_b
+    np.testing.assert_allclose(buf_w, fresh_w, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(buf_b, fresh_b, rtol=1e-13, atol=1e-13)
+    F.linear_weight_grad(dy, x, buf_w, accumulate=True)
+    F.linear_bias_grad(dy, buf_b, accumulate=True)
+    np.testing.assert_allclose(buf_w, 2 * fresh_w, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(buf_b, 2 * fresh_b, rtol=1e-13, atol=1e-13)

@@ -327,3 +327,24 @@ def test_property_shapes_and_dtypes(lead, in_f, out_f, bias, dtype):
     assert layer.weight.grad.shape == (out_f, in_f) and layer.weight.grad.dtype == dtype
     ref = x.reshape(-1, in_f) @ layer.weight.data.T + (layer.bias.data if bias else 0)
     np.testing.assert_allclose(y.reshape(-1, out_f), ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_zero_grad_in_place_reuses_the_buffer_and_overwrites(rows):
+    layer = lk.Linear(3, 2, dtype=np.float64, rng=np.random.default_rng(8))
+    x, dy = np.full((rows, 3), 2.0), np.ones((rows, 2))
+    layer.vjp(x)[1](dy)
+    expected_w, expected_b = layer.weight.grad.copy(), layer.bias.grad.copy()
+    buffers = layer.weight.grad, layer.bias.grad
+    layer.zero_grad(set_to_none=False)
+    layer.vjp(x)[1](dy)
+    assert layer.weight.grad is buffers[0] and layer.bias.grad is buffers[1]
+    np.testing.assert_array_equal(layer.weight.grad, expected_w)
+    np.testing.assert_array_equal(layer.bias.grad, expected_b)
+    layer.vjp(x)[1](dy)  # no zero_grad: accumulates in place
+    np.testing.assert_array_equal(layer.weight.grad, 2 * expected_w)
+    # A gradient assigned by hand after zero_grad is added to, never overwritten.
+    layer.zero_grad(set_to_none=False)
+    layer.weight.grad = np.ones((2, 3))
+    layer.vjp(x)[1](dy)
+    np.testing.assert_array_equal(layer.weight.grad, 1 + expected_w)

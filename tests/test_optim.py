@@ -443,3 +443,31 @@ def test_flat_state_survives_state_dict_round_trip_and_load():
         np.testing.assert_array_equal(a.data, b.data)
         assert a.data.dtype == np.float32
     assert opt.state[params[0]]["exp_avg"].dtype == np.float32
+
+
+def test_in_place_zero_grad_training_equals_set_to_none_and_reuses_buffers():
+    def run(set_to_none):
+        lk.manual_seed(5)
+        model = lk.Sequential(lk.Linear(6, 8, dtype=np.float64), lk.ReLU(),
+                              lk.Linear(8, 3, dtype=np.float64))
+        opt = optim.Adam(model.parameters(), lr=0.01)
+        loss_fn = lk.CrossEntropyLoss()
+        rng = np.random.default_rng(0)
+        grad_ids = []
+        for _ in range(6):
+            x, y = rng.standard_normal((5, 6)), rng.integers(0, 3, 5)
+            pred, back = model.vjp(x, input_grad=False)
+            loss, loss_back = loss_fn.vjp(pred, y)
+            back(loss_back())
+            opt.step()
+            grad_ids.append([id(p.grad) for p in model.parameters()])
+            opt.zero_grad(set_to_none=set_to_none)
+            if not set_to_none:  # zeroed in place: the next backward may overwrite
+                assert all(p._zeroed is p.grad and not p.grad.any() for p in model.parameters())
+        return [p.data.copy() for p in model.parameters()], grad_ids
+
+    plain, _ = run(True)
+    reused, ids = run(False)
+    for a, b in zip(plain, reused):
+        np.testing.assert_array_equal(a, b)
+    assert all(step == ids[0] for step in ids[1:])  # the same gradient buffers every step

@@ -26,3 +26,36 @@ def test_same_seed_same_run_and_dtype_survives():
     model, second = train("mlp", hidden=16, steps=30, eval_every=0)
     assert first.final_loss == second.final_loss and first.test_accuracy == second.test_accuracy
     assert all(p.dtype == np.float32 for p in model.parameters())
+
+
+def test_no_per_step_memory_growth_over_100_steps():
+    import tracemalloc
+
+    lk.manual_seed(0)
+    model = build_model("mlp", 32)
+    opt = lk.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = lk.CrossEntropyLoss()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 40)).astype(np.float32)
+    y = rng.integers(0, 10, 64)
+
+    def step():
+        pred, back = model.vjp(x, input_grad=False)
+        loss, loss_back = loss_fn.vjp(pred, y)
+        back(loss_back())
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    for _ in range(5):
+        step()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(100):
+            step()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 4096, f"{grown} bytes retained after 100 steps"
+    assert all(p.dtype == np.float32 and p.grad.dtype == np.float32 for p in model.parameters())
+    assert all(s["exp_avg"].dtype == np.float32 for s in opt.state.values())

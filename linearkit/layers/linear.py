@@ -119,12 +119,22 @@ class Linear(Module):
         saved_x = x if need_dw else None
 
         def backward(dy: np.ndarray):
-            dx, dw, db = F.linear_backward(dy, saved_x, w.data, input_grad, need_dw, need_db)
-            if dw is not None:
-                w.accumulate(dw)
-            if db is not None:
-                b.accumulate(db)
-            return dx
+            # Gradients go straight into .grad when it exists (see Parameter.grad_target).
+            if need_dw:
+                out, add = w.grad_target()
+                if out is None:
+                    w.grad = F.linear_weight_grad(dy, saved_x)
+                else:
+                    F.linear_weight_grad(dy, saved_x, out, add)
+                    w.wrote()
+            if need_db:
+                out, add = b.grad_target()
+                if out is None:
+                    b.grad = F.linear_bias_grad(dy)
+                else:
+                    F.linear_bias_grad(dy, out, add)
+                    b.wrote()
+            return F.linear_input_grad(dy, w.data) if input_grad else None
 
         return y, backward
 
