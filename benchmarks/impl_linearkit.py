@@ -4,7 +4,7 @@ documented training step::
     pred, back = model.vjp(x, input_grad=False)
     loss, loss_back = loss_fn.vjp(pred, target)
     back(loss_back())
-    opt.step(); opt.zero_grad()
+    opt.step(); opt.zero_grad(set_to_none=False)
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def trainer(model, lr: float):
         loss, loss_back = loss_fn.vjp(pred, y)
         back(loss_back())
         opt.step()
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=False)  # as README: reuse the gradient buffers
         return loss
 
     return step

@@ -51,7 +51,7 @@ def training_memory(lk, build_model, trainer, steps: int = 100) -> dict:
             grads = [p.grad for p in params]
             opt.step()
             state = list(_arrays(getattr(opt, "state", {})))
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=False)  # as README: reuse the gradient buffers
             return grads, state
 
         for i in range(10):
