@@ -72,28 +72,9 @@ def linear_input_grad(dy: np.ndarray, weight: np.ndarray) -> np.ndarray:
     return np.matmul(dy.reshape(-1, out_features), weight).reshape(dy.shape[:-1] + (in_features,))
 
 
-# Rows of a one-row dW formed per block when accumulating without SciPy: the block stays in
-# cache and no gradient-sized temporary (page faults on every call for a large layer) is made.
+# Rows of a one-row dW formed per block when accumulating: the block stays in cache and no
+# gradient-sized temporary (page faults on every call for a large layer) is allocated.
 _OUTER_BLOCK = 64
-_BLAS_CACHE: dict = {}
-
-
-def _blas(name: str, array: np.ndarray):
-    """SciPy's BLAS routine ``name`` for ``array``'s dtype (e.g. sger/dger), or None.
-
-    NumPy exposes no rank-1 update (``ger``) and no ``C += A B`` (``gemm`` with beta=1); SciPy
-    does, on the same OpenBLAS. Used only when SciPy is installed: it is not a dependency.
-    """
-    key = (name, array.dtype)
-    if key not in _BLAS_CACHE:
-        try:
-            from scipy.linalg.blas import get_blas_funcs
-        except ImportError:  # pragma: no cover - depends on the environment
-            _BLAS_CACHE[key] = None
-        else:
-            _BLAS_CACHE[key] = (get_blas_funcs(name, (array,))
-                                if array.dtype in (np.float32, np.float64) else None)
-    return _BLAS_CACHE[key]
 
 
 def linear_weight_grad(dy: np.ndarray, x: np.ndarray, out: np.ndarray | None = None,
@@ -101,37 +82,26 @@ def linear_weight_grad(dy: np.ndarray, x: np.ndarray, out: np.ndarray | None = N
     """``dW = dyᵀ x`` summed over all leading dims: dy ``(*, out)``, x ``(*, in)`` -> ``(out, in)``.
 
     Returned fresh when ``out`` is None; otherwise written into ``out``, or added into it when
-    ``accumulate`` — in place, with BLAS ``ger``/``gemm`` (beta=1) when SciPy is installed
-    (no gradient-sized temporary; 10x faster for a large one-row update), else with NumPy.
+    ``accumulate`` (for one row, block by block, with no gradient-sized temporary).
     """
     dy2 = dy if dy.ndim == 2 else dy.reshape(-1, dy.shape[-1])
     x2 = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
-    one_row = dy2.shape[0] == 1
-    if out is None or not accumulate:
+    if dy2.shape[0] == 1:
         # One row: an outer product. OpenBLAS's GEMM path for a K=1 product is 3-7x slower.
-        if one_row:
-            return np.multiply(dy2.T, x2, out=out)
-        return np.matmul(dy2.T, x2, out=out)
-    # out (out, in) is C-ordered, so out.T is a Fortran-ordered (in, out) matrix BLAS updates
-    # in place: out.T += x2ᵀ dy2.
-    if out.flags.c_contiguous and out.size:
-        if one_row:
-            ger = _blas("ger", out)
-            if ger is not None:
-                ger(1.0, x2[0], dy2[0], a=out.T, overwrite_a=True)
-                return out
-        else:
-            gemm = _blas("gemm", out)
-            if gemm is not None:
-                gemm(1.0, x2.T, dy2, beta=1.0, c=out.T, overwrite_c=True)
-                return out
-    if one_row:
         column = dy2.T
+        if out is None:
+            return np.multiply(column, x2)
+        if not accumulate:
+            return np.multiply(column, x2, out=out)
         block = np.empty((min(_OUTER_BLOCK, out.shape[0]), x2.shape[1]), out.dtype)
         for start in range(0, out.shape[0], _OUTER_BLOCK):
             rows = out[start:start + _OUTER_BLOCK]
             rows += np.multiply(column[start:start + _OUTER_BLOCK], x2, out=block[:len(rows)])
         return out
+    if out is None:
+        return np.matmul(dy2.T, x2)
+    if not accumulate:
+        return np.matmul(dy2.T, x2, out=out)
     out += np.matmul(dy2.T, x2)
     return out
 

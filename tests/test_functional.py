@@ -61,12 +61,9 @@ def test_activation_dtype_is_kept():
         assert y.dtype == np.float32
 
 
-@pytest.mark.parametrize("scipy_blas", [True, False], ids=["blas", "numpy-fallback"])
 @pytest.mark.parametrize("rows", [1, 5])
 @pytest.mark.parametrize("out_features", [3, 150])  # 150 > one 64-row block
-def test_weight_and_bias_grad_into_buffers_equal_fresh(rows, out_features, scipy_blas, monkeypatch):
-    if not scipy_blas:
-        monkeypatch.setattr(F, "_blas", lambda name, array: None)
+def test_weight_and_bias_grad_into_buffers_equal_fresh(rows, out_features):
     rng = np.random.default_rng(rows + out_features)
     dy = rng.standard_normal((rows, out_features))
     x = rng.standard_normal((rows, 7))
