@@ -89,7 +89,11 @@ class Parameter:
             self.grad = None
         elif self.grad is not None:
             self.grad.fill(0)
-            self._zeroed = self.grad
+            self.mark_zeroed()
+
+    def mark_zeroed(self) -> None:
+        """Record that ``.grad`` holds zeros put there in place (the next backward overwrites)."""
+        self._zeroed = self.grad
 
     def __array__(self, dtype=None, copy=None):
         if dtype is None or dtype == self.data.dtype:
@@ -433,7 +437,8 @@ class Module:
 
     def _load_from_state_dict(self, state_dict, prefix, strict, missing, unexpected, errors) -> None:
         """Load this module's own entries (not its children's); override to materialize lazily."""
-        for name, target in self._local_state().items():
+        local = self._local_state()
+        for name, target in local.items():
             key = prefix + name
             if key not in state_dict:
                 missing.append(key)
@@ -447,7 +452,6 @@ class Module:
                 )
                 continue
             current[...] = value
-        local = self._local_state()
         for key in state_dict:
             if not key.startswith(prefix):
                 continue

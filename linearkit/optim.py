@@ -119,7 +119,7 @@ class Optimizer:
             if not set_to_none and flat is not None and flat.owns_grads(group["params"]):
                 flat.buffers["grad"].fill(0)
                 for p in group["params"]:
-                    p._zeroed = p.grad
+                    p.mark_zeroed()
                 continue
             for p in group["params"]:
                 p.zero_grad(set_to_none)
@@ -302,7 +302,7 @@ class _FlatState:
             self.gather([p.grad for p in params])
             for p, view in zip(params, self.grad_views):
                 p.grad = view
-                p._zeroed = None
+                p.wrote()
         return flat
 
 
