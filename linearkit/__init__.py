@@ -5,18 +5,73 @@
 optimizers that match PyTorch. See README.md.
 """
 
-from . import functional, init, optim  # noqa: F401  (public namespaces)
+from . import functional, init, optim
 from .anomaly import detect_anomaly
 from .errors import AnomalyError, BackwardError, DTypeError, ShapeError
 from .layers import (
-    GELU, BatchNorm1d, Dropout, Flatten, Identity, LayerNorm, LazyLinear, LeakyReLU, Linear,
-    LogSoftmax, ReLU, Residual, Sequential, Sigmoid, SiLU, Softmax, Tanh,
+    GELU,
+    BatchNorm1d,
+    Dropout,
+    Flatten,
+    Identity,
+    LayerNorm,
+    LazyLinear,
+    LeakyReLU,
+    Linear,
+    LogSoftmax,
+    ReLU,
+    Residual,
+    Sequential,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Tanh,
 )
 from .losses import BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, MSELoss
 from .module import Module, Parameter
 from .random import manual_seed
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "GELU",
+    "AnomalyError",
+    "BCEWithLogitsLoss",
+    "BackwardError",
+    "BatchNorm1d",
+    "CrossEntropyLoss",
+    "DTypeError",
+    "Dropout",
+    "Flatten",
+    "Identity",
+    "L1Loss",
+    "LayerNorm",
+    "LazyLinear",
+    "LeakyReLU",
+    "Linear",
+    "LogSoftmax",
+    "MSELoss",
+    "Module",
+    "Parameter",
+    "ReLU",
+    "Residual",
+    "Sequential",
+    "ShapeError",
+    "SiLU",
+    "Sigmoid",
+    "Softmax",
+    "Tanh",
+    "analysis",
+    "data",
+    "detect_anomaly",
+    "functional",
+    "init",
+    "io",
+    "load",
+    "manual_seed",
+    "optim",
+    "save",
+]
 
 
 def __getattr__(name):

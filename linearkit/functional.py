@@ -12,11 +12,28 @@ import math
 import numpy as np
 
 __all__ = [
-    "linear", "linear_backward", "linear_input_grad", "linear_weight_grad", "linear_bias_grad",
-    "relu", "relu_backward", "leaky_relu", "leaky_relu_backward",
-    "gelu", "gelu_backward", "tanh", "tanh_backward", "sigmoid", "sigmoid_backward",
-    "silu", "silu_backward", "softmax", "softmax_backward", "log_softmax", "log_softmax_backward",
     "erf",
+    "gelu",
+    "gelu_backward",
+    "leaky_relu",
+    "leaky_relu_backward",
+    "linear",
+    "linear_backward",
+    "linear_bias_grad",
+    "linear_input_grad",
+    "linear_weight_grad",
+    "log_softmax",
+    "log_softmax_backward",
+    "relu",
+    "relu_backward",
+    "sigmoid",
+    "sigmoid_backward",
+    "silu",
+    "silu_backward",
+    "softmax",
+    "softmax_backward",
+    "tanh",
+    "tanh_backward",
 ]
 
 
@@ -256,8 +273,12 @@ def log_softmax_backward(dy: np.ndarray, y: np.ndarray, dim: int = -1) -> np.nda
 
 # ----------------------------------------------------------------------- normalization
 __all__ += [
-    "layer_norm", "layer_norm_forward", "layer_norm_backward",
-    "batch_norm", "batch_norm_forward", "batch_norm_backward",
+    "batch_norm",
+    "batch_norm_backward",
+    "batch_norm_forward",
+    "layer_norm",
+    "layer_norm_backward",
+    "layer_norm_forward",
 ]
 
 

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict, namedtuple
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from . import anomaly as _anomaly
 from .errors import AnomalyError, BackwardError, ShapeError, _Located
 
-__all__ = ["Parameter", "Module", "IncompatibleKeys"]
+__all__ = ["IncompatibleKeys", "Module", "Parameter"]
 
 
 class Parameter:
@@ -32,7 +32,7 @@ class Parameter:
     use); ``zero_grad()`` resets it.
     """
 
-    __slots__ = ("data", "grad", "requires_grad", "_zeroed", "__weakref__")
+    __slots__ = ("__weakref__", "_zeroed", "data", "grad", "requires_grad")
 
     def __init__(self, data, requires_grad: bool = True):
         data = np.asarray(data)
@@ -170,7 +170,7 @@ def _guarded_vjp(vjp: Callable) -> Callable:
     return entry
 
 
-def _check_finite(module: "Module", value, where: str) -> None:
+def _check_finite(module: Module, value, where: str) -> None:
     problem = _anomaly.first_nonfinite(value)
     if problem is not None:
         raise AnomalyError(f"detect_anomaly: {where} {problem}", module=module).with_root(module)
@@ -262,7 +262,7 @@ class Module:
             self._non_persistent.add(name)
         object.__setattr__(self, name, array)
 
-    def add_module(self, name: str, module: "Module | None") -> None:
+    def add_module(self, name: str, module: Module | None) -> None:
         """Register a child module under ``name``."""
         if module is not None and not isinstance(module, Module):
             raise TypeError(f"{type(module).__name__} is not a Module subclass")
@@ -272,7 +272,7 @@ class Module:
 
     # ------------------------------------------------------------------ traversal
     def named_modules(self, memo: set | None = None, prefix: str = "", remove_duplicate: bool = True
-                      ) -> Iterator[tuple[str, "Module"]]:
+                      ) -> Iterator[tuple[str, Module]]:
         """Yield ``(path, module)`` for this module and every descendant, each once."""
         if memo is None:
             memo = set()
@@ -287,18 +287,18 @@ class Module:
             child_prefix = f"{prefix}.{name}" if prefix else name
             yield from child.named_modules(memo, child_prefix, remove_duplicate)
 
-    def modules(self) -> Iterator["Module"]:
+    def modules(self) -> Iterator[Module]:
         for _, module in self.named_modules():
             yield module
 
-    def named_children(self) -> Iterator[tuple[str, "Module"]]:
+    def named_children(self) -> Iterator[tuple[str, Module]]:
         seen = set()
         for name, child in self._modules.items():
             if child is not None and id(child) not in seen:
                 seen.add(id(child))
                 yield name, child
 
-    def children(self) -> Iterator["Module"]:
+    def children(self) -> Iterator[Module]:
         for _, child in self.named_children():
             yield child
 
@@ -330,7 +330,7 @@ class Module:
         for _, b in self.named_buffers(recurse=recurse):
             yield b
 
-    def apply(self, fn: Callable[["Module"], None]) -> "Module":
+    def apply(self, fn: Callable[[Module], None]) -> Module:
         """Call ``fn`` on every submodule (children first) and then on self, as in PyTorch."""
         for child in self.children():
             child.apply(fn)
@@ -338,7 +338,7 @@ class Module:
         return self
 
     # ------------------------------------------------------------------ modes and grads
-    def train(self, mode: bool = True) -> "Module":
+    def train(self, mode: bool = True) -> Module:
         """Set training mode (Dropout drops, BatchNorm uses batch statistics) recursively."""
         if not isinstance(mode, bool):
             raise TypeError("training mode is expected to be a bool")
@@ -346,11 +346,11 @@ class Module:
             object.__setattr__(module, "training", mode)
         return self
 
-    def eval(self) -> "Module":
+    def eval(self) -> Module:
         """Set evaluation mode recursively; same as ``train(False)``."""
         return self.train(False)
 
-    def requires_grad_(self, requires_grad: bool = True) -> "Module":
+    def requires_grad_(self, requires_grad: bool = True) -> Module:
         """Freeze (False) or unfreeze (True) every parameter. A frozen weight costs no dW GEMM."""
         for p in self.parameters():
             p.requires_grad = requires_grad
@@ -361,7 +361,7 @@ class Module:
         for p in self.parameters():
             p.zero_grad(set_to_none)
 
-    def to(self, dtype) -> "Module":
+    def to(self, dtype) -> Module:
         """Convert every floating parameter and buffer to ``dtype`` in place; returns self."""
         dtype = np.dtype(dtype)
         for module in self.modules():
@@ -377,7 +377,7 @@ class Module:
         return self
 
     # ------------------------------------------------------------------ state dict
-    def state_dict(self, prefix: str = "", keep_vars: bool = False) -> "OrderedDict[str, object]":
+    def state_dict(self, prefix: str = "", keep_vars: bool = False) -> OrderedDict[str, object]:
         """PyTorch's keys (``0.weight``, ``bn.running_mean``) mapped to arrays (shared, not copied).
 
         A module reachable under two names appears under both, as in PyTorch.

@@ -134,7 +134,7 @@ class Optimizer:
     def _update(self, group: dict) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _flat_state(self, group: dict, live: list, keys: tuple) -> "_FlatState | None":
+    def _flat_state(self, group: dict, live: list, keys: tuple) -> _FlatState | None:
         """The group's state as contiguous arrays, when every parameter steps together.
 
         Eligible when all of the group's parameters (two or more, one dtype) have a gradient

@@ -9,5 +9,13 @@ from .gradcheck import GradcheckError, GradcheckResult, gradcheck
 from .ledger import Ledger, ledger, preset
 from .stats import StatsReport, record_stats
 
-__all__ = ["gradcheck", "GradcheckResult", "GradcheckError", "ledger", "Ledger", "preset",
-           "record_stats", "StatsReport"]
+__all__ = [
+           "GradcheckError",
+           "GradcheckResult",
+           "Ledger",
+           "StatsReport",
+           "gradcheck",
+           "ledger",
+           "preset",
+           "record_stats",
+]

@@ -2,4 +2,4 @@
 
 from .safetensors import load, save
 
-__all__ = ["save", "load"]
+__all__ = ["load", "save"]

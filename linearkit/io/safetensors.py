@@ -12,7 +12,7 @@ import tempfile
 
 import numpy as np
 
-__all__ = ["save", "load"]
+__all__ = ["load", "save"]
 
 
 def _safetensors_numpy():

@@ -8,7 +8,21 @@ from .linear import Identity, LazyLinear, Linear
 from .norm import BatchNorm1d, LayerNorm
 
 __all__ = [
-    "Linear", "LazyLinear", "Identity",
-    "ReLU", "LeakyReLU", "GELU", "Tanh", "Sigmoid", "SiLU", "Softmax", "LogSoftmax",
-    "Dropout", "LayerNorm", "BatchNorm1d", "Flatten", "Sequential", "Residual",
+    "GELU",
+    "BatchNorm1d",
+    "Dropout",
+    "Flatten",
+    "Identity",
+    "LayerNorm",
+    "LazyLinear",
+    "LeakyReLU",
+    "Linear",
+    "LogSoftmax",
+    "ReLU",
+    "Residual",
+    "Sequential",
+    "SiLU",
+    "Sigmoid",
+    "Softmax",
+    "Tanh",
 ]

@@ -7,7 +7,7 @@ import numpy as np
 from .. import functional as F
 from ..module import Module
 
-__all__ = ["ReLU", "LeakyReLU", "GELU", "Tanh", "Sigmoid", "SiLU", "Softmax", "LogSoftmax"]
+__all__ = ["GELU", "LeakyReLU", "LogSoftmax", "ReLU", "SiLU", "Sigmoid", "Softmax", "Tanh"]
 
 
 class _Elementwise(Module):

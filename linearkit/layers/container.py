@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..module import Module
 
-__all__ = ["Sequential", "Residual"]
+__all__ = ["Residual", "Sequential"]
 
 
 def _trains(module: Module) -> bool:
@@ -56,17 +56,17 @@ class Sequential(Module):
     def __iter__(self):
         return iter(self._modules.values())
 
-    def append(self, module: Module) -> "Sequential":
+    def append(self, module: Module) -> Sequential:
         """Add ``module`` at the end, named by its position."""
         self.add_module(str(len(self)), module)
         return self
 
-    def extend(self, modules) -> "Sequential":
+    def extend(self, modules) -> Sequential:
         for module in modules:
             self.append(module)
         return self
 
-    def insert(self, index: int, module: Module) -> "Sequential":
+    def insert(self, index: int, module: Module) -> Sequential:
         """Insert ``module`` before position ``index``; names are renumbered ``0..n``."""
         items = list(self._modules.values())
         items.insert(index, module)

@@ -12,7 +12,7 @@ from ..module import Module, Parameter
 from ..random import resolve
 from ._checks import as_input, feature_count, float_dtype
 
-__all__ = ["Linear", "LazyLinear", "Identity"]
+__all__ = ["Identity", "LazyLinear", "Linear"]
 
 
 class Linear(Module):

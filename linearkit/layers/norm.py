@@ -11,7 +11,7 @@ from ..errors import ShapeError
 from ..module import Module, Parameter
 from ._checks import as_input, feature_count, float_dtype
 
-__all__ = ["LayerNorm", "BatchNorm1d"]
+__all__ = ["BatchNorm1d", "LayerNorm"]
 
 
 def _ones_zeros(module: Module) -> None:
