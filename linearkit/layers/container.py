@@ -12,8 +12,9 @@ from ..module import Module
 __all__ = ["Residual", "Sequential"]
 
 
-def _trains(module: Module) -> bool:
-    """True when ``module`` has a parameter that wants a gradient."""
+def trains(module: Module) -> bool:
+    """True when ``module`` has a parameter that wants a gradient (Sequential's input_grad rule;
+    the ledger uses the same function to mirror it)."""
     return any(p.requires_grad for p in module.parameters())
 
 
@@ -93,7 +94,7 @@ class Sequential(Module):
         for module in self._modules.values():
             x, backward = module.vjp(x, input_grad=need)
             backwards.append(backward)
-            need = need or _trains(module)
+            need = need or trains(module)
 
         def backward(dy):
             for step in reversed(backwards):

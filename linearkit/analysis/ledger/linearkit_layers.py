@@ -20,7 +20,7 @@ from ...layers import (
     Softmax,
     Tanh,
 )
-from ...module import Module
+from ...layers.container import trains
 from .costs import kind_cost
 from .report import linear_text
 
@@ -32,11 +32,6 @@ ACTIVATIONS = (ReLU, LeakyReLU, GELU, Tanh, Sigmoid, SiLU, Softmax, LogSoftmax)
 _KINDS = ((Linear, "linear"), (ACTIVATIONS, "activation"), (Dropout, "dropout"),
           (Flatten, "flatten"), (Identity, "identity"), (Sequential, "sequential"),
           (Residual, "residual"), (LayerNorm, "layernorm"), (BatchNorm1d, "batchnorm"))
-
-
-def trains(module: Module) -> bool:
-    """Whether any parameter of ``module`` requires a gradient."""
-    return any(p.requires_grad for p in module.parameters())
 
 
 def describe(m) -> str:
