@@ -57,30 +57,35 @@ class Parameter:
         """Number of elements, as ``torch.Tensor.numel``."""
         return self.data.size
 
-    def accumulate(self, grad: np.ndarray) -> None:
-        """Add ``grad`` into ``.grad``; ``grad`` must be a fresh array (it may be kept as is)."""
-        if self.grad is None:
-            self.grad = grad
-        elif self._zeroed is self.grad:
-            self.grad[...] = grad
-        else:
-            self.grad += grad
-        self._zeroed = None
+    def add_grad(self, grad: np.ndarray | None = None, *,
+                 write: Callable[[np.ndarray | None, bool], np.ndarray] | None = None) -> None:
+        """Add one gradient contribution into ``.grad``: the one way a backward writes a gradient.
 
-    def grad_target(self) -> tuple[np.ndarray | None, bool]:
-        """Where a backward should put this parameter's next gradient contribution.
+        Pass either ``grad``, an array of ``data``'s shape that the caller will not touch again
+        (it may become ``.grad`` itself), or ``write(out, accumulate) -> array``, a function that
+        computes the contribution straight into a buffer: called with ``out=None`` it returns a
+        new array; with ``accumulate=False`` it overwrites ``out`` (a buffer zeroed in place by
+        ``zero_grad(set_to_none=False)``); with ``accumulate=True`` it adds into ``out``.
+        ``functional.linear_weight_grad(dy, x, out, accumulate)`` has exactly that signature.
 
-        ``(None, False)``: no gradient yet, allocate one and ``accumulate`` it.
-        ``(grad, False)``: ``grad`` was zeroed in place by ``zero_grad(set_to_none=False)``;
-        overwrite it. ``(grad, True)``: add into ``grad``. After writing, call ``wrote()``.
+        Every layer with parameters (Linear, LayerNorm, BatchNorm1d, a user's) writes through
+        here, so buffer reuse and accumulation live in one place. A backward must only call it
+        for a parameter whose ``requires_grad`` was True when its forward ran.
         """
-        grad = self.grad
-        if grad is None:
-            return None, False
-        return grad, self._zeroed is not grad
-
-    def wrote(self) -> None:
-        """Record that a backward wrote into ``.grad`` through ``grad_target`` (it is not zero)."""
+        current = self.grad
+        if write is None:
+            if grad is None:
+                raise TypeError("add_grad() needs a gradient array or write=")
+            if current is None:
+                self.grad = grad
+            elif self._zeroed is current:
+                current[...] = grad
+            else:
+                current += grad
+        elif current is None:
+            self.grad = write(None, False)
+        else:
+            write(current, self._zeroed is not current)
         self._zeroed = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -92,7 +97,8 @@ class Parameter:
             self.mark_zeroed()
 
     def mark_zeroed(self) -> None:
-        """Record that ``.grad`` holds zeros put there in place (the next backward overwrites)."""
+        """Record that ``.grad`` holds zeros put there in place, so the next ``add_grad``
+        overwrites it instead of adding (an optimizer that zeroes one flat buffer calls this)."""
         self._zeroed = self.grad
 
     def __array__(self, dtype=None, copy=None):

@@ -301,8 +301,7 @@ class _FlatState:
         if not self.owns_grads(params):
             self.gather([p.grad for p in params])
             for p, view in zip(params, self.grad_views):
-                p.grad = view
-                p.wrote()
+                p.grad = view  # not zeroed: the next add_grad adds into it
         return flat
 
 

@@ -119,21 +119,11 @@ class Linear(Module):
         saved_x = x if need_dw else None
 
         def backward(dy: np.ndarray):
-            # Gradients go straight into .grad when it exists (see Parameter.grad_target).
+            # Gradients go straight into a zeroed .grad when there is one (Parameter.add_grad).
             if need_dw:
-                out, add = w.grad_target()
-                if out is None:
-                    w.grad = F.linear_weight_grad(dy, saved_x)
-                else:
-                    F.linear_weight_grad(dy, saved_x, out, add)
-                    w.wrote()
+                w.add_grad(write=lambda out, acc: F.linear_weight_grad(dy, saved_x, out, acc))
             if need_db:
-                out, add = b.grad_target()
-                if out is None:
-                    b.grad = F.linear_bias_grad(dy)
-                else:
-                    F.linear_bias_grad(dy, out, add)
-                    b.wrote()
+                b.add_grad(write=lambda out, acc: F.linear_bias_grad(dy, out, acc))
             return F.linear_input_grad(dy, w.data) if input_grad else None
 
         return y, backward

@@ -30,9 +30,9 @@ def _backward(grads, w: Parameter | None, b: Parameter | None, input_grad: bool)
         dx, dw, db = grads(dy, None if w is None else w.data, input_grad,
                            w is not None and w.requires_grad, b is not None and b.requires_grad)
         if dw is not None:
-            w.accumulate(dw)
+            w.add_grad(dw)
         if db is not None:
-            b.accumulate(db)
+            b.add_grad(db)
         return dx
 
     return backward
