@@ -5,7 +5,7 @@
 optimizers that match PyTorch. See README.md.
 """
 
-from . import functional, init, optim
+from . import functional, init, loop, optim
 from .anomaly import detect_anomaly
 from .errors import AnomalyError, BackwardError, DTypeError, ShapeError
 from .layers import (
@@ -68,6 +68,7 @@ __all__ = [
     "init",
     "io",
     "load",
+    "loop",
     "manual_seed",
     "optim",
     "save",
