@@ -38,6 +38,14 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- linear
+def _rows(a: np.ndarray) -> np.ndarray:
+    """``a (*, n)`` as a 2-D ``(prod(*), n)`` view; 2-D passes through, 1-D becomes one row.
+
+    The row count is written out, not ``-1``: NumPy cannot infer it when ``n`` is 0.
+    """
+    return a if a.ndim == 2 else a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
+
+
 def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     """``y = x @ weight.T + bias``.
 
@@ -51,7 +59,7 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
     elif x.ndim == 1:
         y = np.matmul(weight, x)
     else:
-        y = np.matmul(x.reshape(-1, in_features), weight.T)
+        y = np.matmul(_rows(x), weight.T)
         y = y.reshape(x.shape[:-1] + (out_features,))
     if bias is not None:
         y += bias
@@ -86,7 +94,7 @@ def linear_input_grad(dy: np.ndarray, weight: np.ndarray) -> np.ndarray:
     out_features, in_features = weight.shape
     if dy.ndim == 2:
         return np.matmul(dy, weight)
-    return np.matmul(dy.reshape(-1, out_features), weight).reshape(dy.shape[:-1] + (in_features,))
+    return np.matmul(_rows(dy), weight).reshape(dy.shape[:-1] + (in_features,))
 
 
 # Rows of a one-row dW formed per block when accumulating: the block stays in cache and no
@@ -101,8 +109,8 @@ def linear_weight_grad(dy: np.ndarray, x: np.ndarray, out: np.ndarray | None = N
     Returned fresh when ``out`` is None; otherwise written into ``out``, or added into it when
     ``accumulate`` (for one row, block by block, with no gradient-sized temporary).
     """
-    dy2 = dy if dy.ndim == 2 else dy.reshape(-1, dy.shape[-1])
-    x2 = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
+    dy2 = _rows(dy)
+    x2 = _rows(x)
     if dy2.shape[0] == 1:
         # One row: an outer product. OpenBLAS's GEMM path for a K=1 product is 3-7x slower.
         column = dy2.T
@@ -126,7 +134,7 @@ def linear_weight_grad(dy: np.ndarray, x: np.ndarray, out: np.ndarray | None = N
 def linear_bias_grad(dy: np.ndarray, out: np.ndarray | None = None,
                      accumulate: bool = False) -> np.ndarray:
     """``db = Σ dy`` over all leading dims: dy ``(*, out)`` -> ``(out,)``; ``out`` as above."""
-    dy2 = dy if dy.ndim == 2 else dy.reshape(-1, dy.shape[-1])
+    dy2 = _rows(dy)
     one_row = dy2.shape[0] == 1
     if out is None:
         # One row: its copy *is* the sum (bitwise), at a fraction of a reduction's overhead.

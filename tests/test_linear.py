@@ -348,3 +348,39 @@ def test_zero_grad_in_place_reuses_the_buffer_and_overwrites(rows):
     layer.weight.grad = np.ones((2, 3))
     layer.vjp(x)[1](dy)
     np.testing.assert_array_equal(layer.weight.grad, 1 + expected_w)
+
+
+# ------------------------------------------------------------------- zero-feature matrix
+ZERO_LEADS = [(), (4,), (2, 3), (0,), (2, 0)]  # input rank 1, 2, 3, and batches of 0
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors:UserWarning")  # torch's
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("lead", ZERO_LEADS, ids=str)
+@pytest.mark.parametrize("in_f,out_f", [(0, 3), (2, 0), (0, 0), (2, 3)])
+def test_zero_features_every_rank_match_torch(in_f, out_f, lead, bias, dtype):
+    """Zero in/out features on every input rank: forward, dx, dW, db, values and shapes."""
+    rng = np.random.default_rng(1)
+    layer = lk.Linear(in_f, out_f, bias=bias, dtype=dtype, rng=rng)
+    x = rng.standard_normal(lead + (in_f,)).astype(dtype)
+    dy = rng.standard_normal(lead + (out_f,)).astype(dtype)
+    ours, theirs = run_both(layer, x, dy)
+    for a, b in zip(ours, theirs):
+        if b is None:
+            assert a is None
+            continue
+        assert a.dtype == dtype and a.shape == tuple(b.shape)
+        torch.testing.assert_close(torch.from_numpy(np.asarray(a)), b.detach())
+    # forward alone, and the functional tier with a preallocated / accumulating buffer
+    np.testing.assert_array_equal(layer(x), ours[0])
+    w = layer.weight.data
+    dw = np.full(w.shape, 1.0, dtype)
+    F.linear_weight_grad(dy, x, dw, accumulate=True)
+    np.testing.assert_allclose(dw, 1.0 + theirs[2].numpy(), rtol=1e-5, atol=1e-6)
+    db = np.full((out_f,), 1.0, dtype)
+    F.linear_bias_grad(dy, db, accumulate=True)
+    np.testing.assert_allclose(db, 1.0 + dy.sum(axis=tuple(range(dy.ndim - 1))), rtol=1e-5,
+                               atol=1e-6)
+    assert F.linear_bias_grad(dy, np.empty((out_f,), dtype)).shape == (out_f,)
