@@ -14,12 +14,14 @@ Every ``vjp`` a subclass defines is wrapped once here so that its closure:
 from __future__ import annotations
 
 import functools
+import inspect
 from collections import OrderedDict, namedtuple
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from . import anomaly as _anomaly
+from . import hooks as _hooks
 from .errors import AnomalyError, BackwardError, ShapeError, _Located
 
 __all__ = ["IncompatibleKeys", "Module", "Parameter"]
@@ -126,6 +128,11 @@ def _guarded_vjp(vjp: Callable) -> Callable:
 
     @functools.wraps(vjp)
     def entry(self, *args, **kwargs):
+        # Hooks fire once per call: for the class's own vjp, not for a super().vjp inside it.
+        hooked = (_hooks.active or self._hooks) and type(self).vjp is entry
+        if hooked:
+            args, kwargs = _hook_arguments(vjp, self, args, kwargs)
+            args, kwargs = _hooks.run_forward_pre(self, args, kwargs)
         try:
             y, backward = vjp(self, *args, **kwargs)
         except _Located as err:
@@ -133,6 +140,8 @@ def _guarded_vjp(vjp: Callable) -> Callable:
             raise
         if _anomaly.enabled:
             _check_finite(self, y, "forward")
+        if hooked:
+            _hooks.run_forward(self, args, kwargs, y, replace_ok=False)
         shape = y.shape if isinstance(y, np.ndarray) else None
         dtype = y.dtype if shape is not None else None
         used = False
@@ -158,6 +167,9 @@ def _guarded_vjp(vjp: Callable) -> Callable:
                         module=self,
                     ).with_root(self)
                 grad = (dy,) + grad[1:]
+            hooked_now = hooked and (_hooks.active or self._hooks)
+            if hooked_now:
+                grad = _hooks.run_backward_pre(self, grad)
             try:
                 dx = backward(*grad)
             except _Located as err:
@@ -168,12 +180,35 @@ def _guarded_vjp(vjp: Callable) -> Callable:
                 for name, p in self._parameters.items():
                     if p is not None and p.grad is not None:
                         _check_finite(self, p.grad, f"backward (gradient of {name})")
+            if hooked_now:
+                several = isinstance(dx, tuple)
+                dx = _hooks.run_backward(self, dx if several else (dx,), grad)
+                dx = dx if several else dx[0]
             return dx
 
         return y, guarded_backward
 
     entry.__wrapped_vjp__ = vjp
     return entry
+
+
+@functools.lru_cache(maxsize=None)
+def _input_grad_position(vjp: Callable) -> int | None:
+    """The positional index (after self) of a vjp's ``input_grad`` parameter; None if it has none."""
+    names = [p.name for p in inspect.signature(vjp).parameters.values()
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return names.index("input_grad") - 1 if "input_grad" in names else None
+
+
+def _hook_arguments(vjp: Callable, module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Split a vjp call into the data ``args`` hooks see and ``kwargs`` holding ``input_grad``."""
+    position = _input_grad_position(vjp)
+    kwargs = dict(kwargs)
+    if position is not None and len(args) > position:
+        kwargs["input_grad"] = args[position]
+        args = args[:position] + args[position + 1:]
+    kwargs.setdefault("input_grad", True)
+    return args, kwargs
 
 
 def _check_finite(module: Module, value, where: str) -> None:
@@ -203,6 +238,7 @@ class Module:
         object.__setattr__(self, "_non_persistent", set())
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "training", True)
+        object.__setattr__(self, "_hooks", None)  # a hooks.HookSet once a hook is registered
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -479,6 +515,10 @@ class Module:
             "(y, backward) — compose your submodules' vjp closures (see docs/custom_modules.md)")
 
     def __call__(self, *args, **kwargs):
+        """Run ``forward`` (keeping nothing for a backward), with the call hooks around it."""
+        hooked = _hooks.active or self._hooks
+        if hooked:
+            args, kwargs = _hooks.run_forward_pre(self, args, kwargs)
         try:
             y = self.forward(*args, **kwargs)
         except _Located as err:
@@ -486,7 +526,44 @@ class Module:
             raise
         if _anomaly.enabled:
             _check_finite(self, y, "forward")
+        if hooked:
+            y = _hooks.run_forward(self, args, kwargs, y, replace_ok=True)
         return y
+
+    # ------------------------------------------------------------------ call hooks
+    def _hook_set(self) -> _hooks.HookSet:
+        if self._hooks is None:
+            object.__setattr__(self, "_hooks", _hooks.HookSet(self))
+        return self._hooks
+
+    def register_forward_pre_hook(self, hook: Callable, *, with_kwargs: bool = False
+                                  ) -> _hooks.RemovableHandle:
+        """``hook(module, args) -> None | new args`` runs before each ``module(x)`` / ``vjp(x)``.
+
+        With ``with_kwargs=True`` it is ``hook(module, args, kwargs) -> None | (args, kwargs)``
+        (under ``vjp`` the kwargs hold ``input_grad``). Returns a handle; ``handle.remove()``.
+        """
+        return self._hook_set().add("forward_pre", hook, with_kwargs)
+
+    def register_forward_hook(self, hook: Callable, *, with_kwargs: bool = False
+                              ) -> _hooks.RemovableHandle:
+        """``hook(module, args, output) -> None | new output`` runs after each call.
+
+        Fired for ``module(x)`` and ``module.vjp(x)`` (where ``output`` is ``y``, and a
+        replacement raises). ``with_kwargs=True``: ``hook(module, args, kwargs, output)``.
+        """
+        return self._hook_set().add("forward", hook, with_kwargs)
+
+    def register_full_backward_pre_hook(self, hook: Callable) -> _hooks.RemovableHandle:
+        """``hook(module, grad_output) -> None | new grad_output`` runs before the backward."""
+        return self._hook_set().add("backward_pre", hook)
+
+    def register_full_backward_hook(self, hook: Callable) -> _hooks.RemovableHandle:
+        """``hook(module, grad_input, grad_output) -> None | new grad_input`` after the backward.
+
+        ``grad_output = (dy,)``; ``grad_input = (dx,)``, ``(None,)`` under ``input_grad=False``.
+        """
+        return self._hook_set().add("backward", hook)
 
     # ------------------------------------------------------------------ printing
     def extra_repr(self) -> str:

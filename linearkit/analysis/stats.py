@@ -59,7 +59,6 @@ This module does the recording; :class:`LayerStats`, :class:`Flag` and :func:`fi
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -70,7 +69,6 @@ from .stats_report import StatsReport
 
 __all__ = ["Flag", "LayerStats", "StatsRecorder", "StatsReport", "find_flags", "record_stats"]
 
-_MISSING = object()
 
 
 # ---------------------------------------------------------------------------- measuring
@@ -116,7 +114,7 @@ class StatsRecorder:
     Parameters
     ----------
     model : Module
-        The model to watch. Its leaf modules get a temporary instance attribute ``vjp``.
+        The model to watch: call hooks on its leaf modules record their ``vjp`` calls.
     keep_arrays : bool
         Also keep the raw ``y``, ``dy`` and ``dx`` arrays of every call in ``records`` (under
         ``"y"``, ``"dy"``, ``"dx"``). Off by default: it holds every activation in memory.
@@ -139,75 +137,84 @@ class StatsRecorder:
         self.records: list[dict[str, Any]] = []
         self.step = 0
         self._seen: dict[str, int] = {}
-        self._saved: list[tuple[Module, Any]] = []
+        self._paths: dict[int, str] = {}
+        # Per module, the records of vjp calls whose backward has not run yet (last in, first
+        # out: a backward runs the closures in the reverse order of the forward).
+        self._pending: dict[int, list[dict[str, Any]]] = {}
+        self._handles: list = []
 
-    # -- install / restore
+    # -- install / remove (call hooks: the modules themselves are not touched)
     def __enter__(self):
-        if self._saved:
+        if self._handles:
             raise RuntimeError("this StatsRecorder is already active")
         for path, module in _leaves(self.model):
-            previous = module.__dict__.get("vjp", _MISSING)
-            self._saved.append((module, previous))
-            object.__setattr__(module, "vjp", self._wrap(path, module, module.vjp))
+            self._paths[id(module)] = path
+            self._handles += [
+                module.register_forward_hook(self._on_forward, with_kwargs=True),
+                module.register_full_backward_pre_hook(self._on_backward_pre),
+                module.register_full_backward_hook(self._on_backward),
+            ]
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
     def close(self) -> None:
-        """Remove every wrapper (restoring any instance ``vjp`` that was there before)."""
-        while self._saved:
-            module, previous = self._saved.pop()
-            if previous is _MISSING:
-                module.__dict__.pop("vjp", None)
-            else:
-                object.__setattr__(module, "vjp", previous)
+        """Remove the recorder's hooks; the model is as it was before ``__enter__``."""
+        while self._handles:
+            self._handles.pop().remove()
 
     def next_step(self) -> None:
         """Mark the end of a training step (statistics are averaged per layer over steps)."""
         self.step += 1
         self._seen = {}
+        self._pending = {}
 
-    # -- the wrapper
-    def _wrap(self, path: str, module: Module, vjp: Callable) -> Callable:
-        recorder = self
+    # -- the hooks
+    def _on_forward(self, module: Module, args, kwargs, y) -> None:
+        if "input_grad" not in kwargs:  # module(x): only vjp calls (training passes) count
+            return
+        path = self._paths[id(module)]
+        call = self._seen.get(path, 0)
+        self._seen[path] = call + 1
+        record: dict[str, Any] = {"path": path, "type": type(module).__name__,
+                                  "step": self.step, "call": call}
+        record.update(_moments(y))
+        record.update(grad_out_norm=None, grad_in_norm=None, param_grad_norms={},
+                      param_norms={name: _norm(p.data)
+                                   for name, p in module.named_parameters(recurse=False)})
+        if self.keep_arrays:
+            record["y"] = y
+        self.records.append(record)
+        self._pending.setdefault(id(module), []).append(record)
 
-        def recording_vjp(*args, **kwargs):
-            y, backward = vjp(*args, **kwargs)
-            call = recorder._seen.get(path, 0)
-            recorder._seen[path] = call + 1
-            record: dict[str, Any] = {"path": path, "type": type(module).__name__,
-                                      "step": recorder.step, "call": call}
-            record.update(_moments(y))
-            record.update(grad_out_norm=None, grad_in_norm=None, param_grad_norms={},
-                          param_norms={name: _norm(p.data)
-                                       for name, p in module.named_parameters(recurse=False)})
-            if recorder.keep_arrays:
-                record["y"] = y
-            recorder.records.append(record)
+    def _on_backward_pre(self, module: Module, grad_output) -> None:
+        pending = self._pending.get(id(module))
+        if not pending:
+            return
+        record = pending.pop()
+        params = [(n, p) for n, p in module.named_parameters(recurse=False) if p.requires_grad]
+        before = {n: (None if p.grad is None else p.grad.copy()) for n, p in params}
+        self._pending.setdefault(("running", id(module)), []).append((record, params, before))
+        if grad_output:
+            record["grad_out_norm"] = _norm(grad_output[0])
+            if self.keep_arrays:
+                record["dy"] = grad_output[0]
 
-            def recording_backward(*grad):
-                params = [(n, p) for n, p in module.named_parameters(recurse=False)
-                          if p.requires_grad]
-                before = {n: (None if p.grad is None else p.grad.copy()) for n, p in params}
-                dx = backward(*grad)
-                if grad:
-                    record["grad_out_norm"] = _norm(grad[0])
-                    if recorder.keep_arrays:
-                        record["dy"] = grad[0]
-                record["grad_in_norm"] = _norm(dx)
-                if recorder.keep_arrays:
-                    record["dx"] = dx
-                for n, p in params:
-                    if p.grad is None:
-                        continue
-                    added = p.grad if before[n] is None else p.grad - before[n]
-                    record["param_grad_norms"][n] = _norm(added)
-                return dx
-
-            return y, recording_backward
-
-        return recording_vjp
+    def _on_backward(self, module: Module, grad_input, grad_output) -> None:
+        running = self._pending.get(("running", id(module)))
+        if not running:
+            return
+        record, params, before = running.pop()
+        dx = grad_input[0] if len(grad_input) == 1 else grad_input
+        record["grad_in_norm"] = _norm(dx)
+        if self.keep_arrays:
+            record["dx"] = dx
+        for n, p in params:
+            if p.grad is None:
+                continue
+            added = p.grad if before[n] is None else p.grad - before[n]
+            record["param_grad_norms"][n] = _norm(added)
 
     # -- results
     def report(self, *, ratio: float = 10.0, grad_rtol: float = 1e-5,
@@ -250,7 +257,7 @@ def record_stats(model: Module, x, target=None, loss_fn=None, steps: int = 1, *,
 
     Without an optimizer, nothing is left behind: parameter values are never written, every
     parameter's ``.grad`` and every buffer (BatchNorm running statistics) are put back as they
-    were, and the ``vjp`` wrappers are removed. The model's mode (train/eval) is used as is.
+    were, and the recorder's hooks are removed. The model's mode (train/eval) is used as is.
 
     Examples
     --------
