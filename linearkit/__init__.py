@@ -5,7 +5,7 @@
 optimizers that match PyTorch. See README.md.
 """
 
-from . import functional, init, loop, optim
+from . import functional, hooks, init, loop, optim
 from .anomaly import detect_anomaly
 from .errors import AnomalyError, BackwardError, DTypeError, ShapeError
 from .layers import (
@@ -65,6 +65,7 @@ __all__ = [
     "data",
     "detect_anomaly",
     "functional",
+    "hooks",
     "init",
     "io",
     "load",
@@ -79,7 +80,7 @@ def __getattr__(name):
     # Heavier namespaces load on first use, so `import linearkit` stays fast and light.
     import importlib
 
-    if name in ("analysis", "data", "io", "transforms"):
+    if name in ("analysis", "data", "io", "rules"):
         return importlib.import_module(f".{name}", __name__)
     if name in ("save", "load"):
         from .io import safetensors as _st
