@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -11,7 +12,7 @@ from ..errors import ShapeError
 from ..module import Module, Parameter
 from ._checks import as_input, feature_count, float_dtype
 
-__all__ = ["BatchNorm1d", "LayerNorm"]
+__all__ = ["BatchNorm1d", "LayerNorm", "check_batch_norm_input"]
 
 
 def _ones_zeros(module: Module) -> None:
@@ -23,19 +24,49 @@ def _ones_zeros(module: Module) -> None:
 
 def _backward(grads, w: Parameter | None, b: Parameter | None, input_grad: bool):
     """The vjp closure: ``grads(dy, w_data, need_dx, need_dw, need_db) -> (dx, dw, db)``, then
-    dw and db are added into the trainable parameters' ``.grad``; returns dx (None if not wanted).
+    dw and db are added into ``.grad`` (``Parameter.add_grad``); returns dx (None if not wanted).
+
+    Which parameters get a gradient is fixed here, when the forward runs (as autograd records
+    it): freezing a weight between ``vjp`` and ``backward`` does not change this backward.
     """
+    need_dw = w is not None and w.requires_grad
+    need_db = b is not None and b.requires_grad
 
     def backward(dy: np.ndarray):
-        dx, dw, db = grads(dy, None if w is None else w.data, input_grad,
-                           w is not None and w.requires_grad, b is not None and b.requires_grad)
-        if dw is not None:
+        dx, dw, db = grads(dy, None if w is None else w.data, input_grad, need_dw, need_db)
+        if need_dw:
             w.add_grad(dw)
-        if db is not None:
+        if need_db:
             b.add_grad(db)
         return dx
 
     return backward
+
+
+def check_batch_norm_input(module, shape: tuple) -> bool:
+    """BatchNorm1d's input rules, on a shape alone (the layer and the ledger share them).
+
+    Raises ShapeError unless ``shape`` is ``(N, C)`` or ``(N, C, L)`` and, when batch statistics
+    are used, holds more than one value per channel. Returns whether batch statistics are used
+    (training mode, or no running statistics).
+    """
+    c = module.num_features
+    if len(shape) not in (2, 3) or shape[1] != c:
+        hint = None
+        if len(shape) == 1 and shape[0] == c:
+            hint = "a single sample: add a batch dimension with x[None]"
+        elif len(shape) == 3 and shape[2] == c:
+            hint = "channels go in dim 1: x.transpose(0, 2, 1) turns (N, L, C) into (N, C, L)"
+        raise ShapeError(f"expected input of shape (N, {c}) or (N, {c}, L), got {tuple(shape)}",
+                         module=module, hint=hint)
+    batch_stats = (module.training or module.running_mean is None
+                   or module.running_var is None)
+    if batch_stats and math.prod(shape) // max(c, 1) == 1:
+        raise ShapeError(f"Expected more than 1 value per channel when training, got input "
+                         f"of shape {tuple(shape)}", module=module,
+                         hint="use a batch of at least 2 samples, or call .eval() first "
+                              "to normalize with the running statistics")
+    return batch_stats
 
 
 class LayerNorm(Module):
@@ -205,22 +236,8 @@ class BatchNorm1d(Module):
     def _prepare(self, x):
         """Check x, bump num_batches_tracked in training; -> (x, F.batch_norm's arguments)."""
         x = as_input(self, x, self.dtype)
-        c = self.num_features
-        if x.ndim not in (2, 3) or x.shape[1] != c:
-            hint = None
-            if x.ndim == 1 and x.shape[0] == c:
-                hint = "a single sample: add a batch dimension with x[None]"
-            elif x.ndim == 3 and x.shape[2] == c:
-                hint = "channels go in dim 1: x.transpose(0, 2, 1) turns (N, L, C) into (N, C, L)"
-            raise ShapeError(f"expected input of shape (N, {c}) or (N, {c}, L), got {x.shape}",
-                             module=self, hint=hint)
+        batch_stats = check_batch_norm_input(self, x.shape)
         running = self.running_mean, self.running_var
-        batch_stats = self.training or running[0] is None or running[1] is None
-        if batch_stats and x.size // max(c, 1) == 1:
-            raise ShapeError(f"Expected more than 1 value per channel when training, got input "
-                             f"of shape {x.shape}", module=self,
-                             hint="use a batch of at least 2 samples, or call .eval() first "
-                                  "to normalize with the running statistics")
         factor = 0.0
         if self.training and self.track_running_stats:
             self.num_batches_tracked += 1
