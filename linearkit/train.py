@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .layers import Linear, ReLU, Residual, Sequential
+from .loop import evaluate
+from .loop import step as loop_step
 from .losses import CrossEntropyLoss
 from .module import Module
 
@@ -53,11 +55,75 @@ def build_model(kind: str = "mlp", hidden: int = 100, *, in_features: int = 40,
 
 
 def accuracy(model: Module, x: np.ndarray, y: np.ndarray, batch: int = 1000) -> float:
-    """Fraction of rows of ``x (N, in)`` whose argmax logit equals ``y (N,)``."""
-    correct = 0
-    for start in range(0, len(x), batch):
-        correct += int((model(x[start:start + batch]).argmax(axis=-1) == y[start:start + batch]).sum())
-    return correct / max(len(x), 1)
+    """Fraction of rows of ``x (N, in)`` whose argmax logit equals ``y (N,)`` (eval mode)."""
+    return evaluate(model, x, y, batch_size=batch)["accuracy"]
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """The arrays ``train()`` uses: ``x_train (N, in)``, ``y_train (N,)`` integer labels,
+    ``x_test (M, in)``, ``y_test (M,)``. ``linearkit.data.mnist1d()`` returns an object with the
+    same four attributes, which ``train`` accepts as well, and so does a 4-tuple."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+
+def as_dataset(data) -> Dataset:
+    """``data`` (None: MNIST-1D; an object with ``x_train``/``y_train``/``x_test``/``y_test``;
+    or a tuple of those four arrays) as a checked :class:`Dataset`."""
+    if data is None:
+        from .data import mnist1d
+
+        data = mnist1d()
+    if isinstance(data, (tuple, list)):
+        if len(data) != 4:
+            raise ValueError(f"train: dataset as a tuple must be (x_train, y_train, x_test, "
+                             f"y_test); got a {type(data).__name__} of {len(data)} items")
+        data = Dataset(*data)
+    try:
+        arrays = [np.asarray(getattr(data, k)) for k in ("x_train", "y_train", "x_test", "y_test")]
+    except AttributeError as exc:
+        raise TypeError(f"train: dataset must have x_train, y_train, x_test and y_test (or be a "
+                        f"4-tuple of them); {exc}") from None
+    x_train, y_train, x_test, y_test = arrays
+    for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
+        if x.ndim < 2 or y.ndim < 1 or len(x) != len(y) or len(x) == 0:
+            raise ValueError(f"train: the {split} split needs x (N, in) and y (N,) with the "
+                             f"same N >= 1; got x.shape={x.shape}, y.shape={y.shape}")
+    return Dataset(x_train, y_train, x_test, y_test)
+
+
+def check_batch_size(batch_size, rows: int) -> int:
+    """``batch_size`` as an int in ``[1, rows]`` (train drops the last, incomplete batch, so a
+    larger one would give epochs without a batch); else a ValueError naming the fix."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
+        raise TypeError(f"batch_size must be an int, got {batch_size!r}")
+    if not 1 <= batch_size <= rows:
+        raise ValueError(
+            f"batch_size={batch_size} must be between 1 and the {rows:,} training rows "
+            f"(batches drop the incomplete last one, so a larger batch never comes); "
+            f"use batch_size <= {rows}")
+    return int(batch_size)
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_lr(lr) -> float:
+    """``lr`` as a float, finite and > 0; else a ValueError/TypeError saying so."""
+    if isinstance(lr, bool) or not isinstance(lr, (int, float, np.integer, np.floating)):
+        raise TypeError(f"lr must be a number, got {lr!r}")
+    if not (np.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be finite and > 0 (e.g. 1e-2), got {lr!r}")
+    return float(lr)
 
 
 # Below this many multiply-adds per GEMM, BLAS threads cost more in hand-offs than they save;
@@ -85,24 +151,83 @@ def auto_threads(model: Module, batch_size: int) -> int | None:
     return 1 if largest * batch_size < SMALL_GEMM_MACS else None
 
 
-def train(model_kind: str = "mlp", *, hidden: int = 100, steps: int = 6000, lr: float = 1e-2,
-          batch_size: int = 100, seed: int = 42, eval_every: int = 500, dataset=None,
-          progress=None, threads: int | str | None = "auto") -> tuple[Module, TrainResult]:
-    """Train on MNIST-1D and return ``(model, TrainResult)``.
+def train(model_kind: str | None = None, *, hidden: int | None = None, steps: int = 6000,
+          lr: float | None = None, batch_size: int = 100, seed: int = 42, eval_every: int = 500,
+          dataset=None, progress=None, threads: int | str | None = "auto",
+          model: Module | None = None, optimizer=None, loss_fn: Module | None = None
+          ) -> tuple[Module, TrainResult]:
+    """Train a classifier (by default the MNIST-1D recipe) and return ``(model, TrainResult)``.
 
-    ``progress(step, loss, test_accuracy_or_None)`` is called after every step (for a bar).
-    Batches are drawn by a seeded shuffling loader, reshuffled every epoch, drop_last.
-    ``threads``: BLAS threads while training — ``"auto"`` (one thread for small models, see
-    ``auto_threads``), an int, or None to leave BLAS as it is.
+    Parameters
+    ----------
+    model_kind : 'mlp' | 'linear', optional
+        The recipe's model to build (default ``'mlp'``); with ``model=`` only a label for the
+        result (default ``'custom'``).
+    hidden : int, optional
+        Hidden width of the built MLP (default 100). Not with ``model=``.
+    steps : int
+        Optimizer steps (>= 1).
+    lr : float, optional
+        Adam's learning rate (default 1e-2), finite and > 0. Not with ``optimizer=``.
+    batch_size : int
+        Rows per step, in ``[1, N_train]``: batches are drawn by a seeded shuffling loader,
+        reshuffled every epoch, and the last incomplete batch is dropped.
+    seed : int
+        Seeds the built model's weights and the batch order.
+    eval_every : int
+        Test accuracy every this many steps (and after the last) into ``history``; 0: never.
+    dataset : None, MNIST1D-like object, :class:`Dataset` or tuple
+        ``x_train (N, in)``, ``y_train (N,)``, ``x_test (M, in)``, ``y_test (M,)``; default
+        ``linearkit.data.mnist1d()``.
+    progress : callable, optional
+        ``progress(step, loss, test_accuracy_or_None)`` after every step (for a bar).
+    threads : 'auto' | int | None
+        BLAS threads while training — ``"auto"`` (one thread for small models, see
+        ``auto_threads``), an int, or None to leave BLAS as it is.
+    model : Module, optional
+        Your own model, mapping ``x (B, in)`` to logits ``(B, C)``; trained in place.
+    optimizer : Optimizer, optional
+        Your own optimizer over (some of) the model's parameters; default
+        ``Adam(model.parameters(), lr)``. Needs ``model=`` too.
+    loss_fn : Module, optional
+        Default ``CrossEntropyLoss()``.
+
+    Every argument is checked before the first step (ValueError/TypeError naming the fix).
+    Each step is :func:`linearkit.loop.step`; accuracies come from
+    :func:`linearkit.loop.evaluate` (eval mode).
     """
-    from .data import DataLoader, mnist1d
+    from .data import DataLoader
     from .optim import Adam
 
-    data = dataset if dataset is not None else mnist1d()
-    rng = np.random.default_rng(seed)
-    model = build_model(model_kind, hidden, in_features=data.x_train.shape[1], rng=rng)
-    loss_fn = CrossEntropyLoss()
-    optimizer = Adam(model.parameters(), lr=lr)
+    steps = _check_int("steps", steps, 1)
+    eval_every = _check_int("eval_every", eval_every, 0)
+    data = as_dataset(dataset)
+    batch_size = check_batch_size(batch_size, len(data.x_train))
+    if model is None:
+        if optimizer is not None:
+            raise ValueError("train: optimizer= needs model= too (an optimizer steps the "
+                             "parameters of a model you built)")
+        model_kind = "mlp" if model_kind is None else model_kind
+        rng = np.random.default_rng(seed)
+        model = build_model(model_kind, 100 if hidden is None else hidden,
+                            in_features=data.x_train.shape[1], rng=rng)
+    else:
+        if not isinstance(model, Module):
+            raise TypeError(f"train: model must be a linearkit Module, got "
+                            f"{type(model).__name__}")
+        if hidden is not None:
+            raise ValueError("train: hidden= builds the recipe's MLP; it cannot apply to your "
+                             "model= (drop hidden=)")
+        model_kind = "custom" if model_kind is None else model_kind
+    if optimizer is None:
+        lr = 1e-2 if lr is None else check_lr(lr)
+        optimizer = Adam(model.parameters(), lr=lr)
+    else:
+        if lr is not None:
+            raise ValueError("train: lr= sets the default Adam's rate; with optimizer= set it "
+                             "on your optimizer (drop lr=)")
+        _check_optimizer(optimizer, model)
+    loss_fn = CrossEntropyLoss() if loss_fn is None else loss_fn
     loader = DataLoader(data.x_train, data.y_train, batch_size=batch_size, shuffle=True,
                         drop_last=True, seed=seed)
     if threads == "auto":
@@ -110,6 +235,19 @@ def train(model_kind: str = "mlp", *, hidden: int = 100, steps: int = 6000, lr: 
     with blas_threads(threads):
         return model, _loop(model, data, loss_fn, optimizer, loader, model_kind, steps,
                             eval_every, progress)
+
+
+def _check_optimizer(optimizer, model: Module) -> None:
+    """The optimizer must step parameters of ``model`` (not of another model)."""
+    groups = getattr(optimizer, "param_groups", None)
+    if groups is None or not hasattr(optimizer, "step") or not hasattr(optimizer, "zero_grad"):
+        raise TypeError(f"train: optimizer must be a linearkit optimizer (param_groups, step, "
+                        f"zero_grad), got {type(optimizer).__name__}")
+    own = {id(p) for p in model.parameters()}
+    theirs = [p for group in groups for p in group["params"]]
+    if not theirs or any(id(p) not in own for p in theirs):
+        raise ValueError("train: the optimizer steps parameters that are not the model's; "
+                         "build it from this model: Adam(model.parameters(), lr=...)")
 
 
 def _loop(model, data, loss_fn, optimizer, loader, model_kind, steps, eval_every, progress
@@ -120,19 +258,15 @@ def _loop(model, data, loss_fn, optimizer, loader, model_kind, steps, eval_every
     started = time.perf_counter()
     model.train()
     while step < steps:
-        for xb, yb in loader:
-            pred, backward = model.vjp(xb, input_grad=False)
-            loss, loss_backward = loss_fn.vjp(pred, yb)
-            backward(loss_backward())
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=False)  # reuse the gradient buffers
+        for xb, yb in loader:  # never empty: batch_size <= rows (checked) and the loader raises
+            loss = loop_step(model, loss_fn, optimizer, xb, yb, set_to_none=False)  # reuse grads
             step += 1
             test_acc = None
             if eval_every and (step % eval_every == 0 or step == steps):
                 test_acc = accuracy(model, data.x_test, data.y_test)
-                history.append({"step": step, "loss": float(loss), "test_accuracy": test_acc})
+                history.append({"step": step, "loss": loss, "test_accuracy": test_acc})
             if progress is not None:
-                progress(step, float(loss), test_acc)
+                progress(step, loss, test_acc)
             if step >= steps:
                 break
     seconds = time.perf_counter() - started

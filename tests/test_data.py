@@ -247,7 +247,23 @@ def test_loader_sequential_batches_and_len():
     assert len(DataLoader(x, y, batch_size=5, drop_last=True)) == 2
     assert len(DataLoader(x, y, batch_size=11)) == 1
     assert len(DataLoader(x, y, batch_size=11, drop_last=True)) == 0
-    assert list(DataLoader(x, y, batch_size=11, drop_last=True)) == []
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_an_epoch_without_a_batch_is_an_error(shuffle):
+    # `while step < steps: for xb, yb in loader` spun forever on such a loader (issue 7).
+    x, y = np.arange(20).reshape(10, 2), np.arange(10)
+    loader = DataLoader(x, y, batch_size=11, shuffle=shuffle, drop_last=True, seed=0)
+    with pytest.raises(ValueError) as info:
+        next(iter(loader))
+    message = str(info.value)
+    assert "batch_size=11" in message and "10 rows" in message and "drop_last=True" in message
+    assert "batch_size <= 10" in message and "drop_last=False" in message  # the fixes
+    empty = DataLoader(np.zeros((0, 2)), np.zeros(0), batch_size=4)
+    with pytest.raises(ValueError, match="0 rows"):
+        list(empty)
+    # one short batch is still a batch
+    assert [len(yb) for _, yb in DataLoader(x, y, batch_size=11)] == [10]
 
 
 def test_loader_shuffle_covers_every_sample_once_and_reshuffles():

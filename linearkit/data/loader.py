@@ -24,7 +24,8 @@ class DataLoader:
     shuffle : bool
         Draw a fresh permutation of the rows at the start of every epoch (every ``iter``).
     drop_last : bool
-        Drop the last, incomplete batch.
+        Drop the last, incomplete batch. An epoch must yield at least one batch: iterating
+        raises ValueError when ``batch_size > N`` with ``drop_last``, or when ``N == 0``.
     seed : int, numpy.random.Generator or None
         Source of the permutations: an int seeds a private Generator (same seed, same
         sequence of epochs); None uses the library's generator (see ``linearkit.manual_seed``).
@@ -83,6 +84,8 @@ class DataLoader:
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         x, y, b = self.x, self.y, self.batch_size
+        if len(self) == 0:  # a `while step < steps: for ... in loader` loop would never end
+            raise self._no_batch_error()
         stop = len(self) * b
         if self._rng is None:
             for i in range(0, min(stop, len(x)), b):
@@ -92,6 +95,16 @@ class DataLoader:
             for i in range(0, min(stop, len(x)), b):
                 idx = order[i : i + b]
                 yield x.take(idx, axis=0), y.take(idx, axis=0)  # take: ~2x faster than x[idx]
+
+    def _no_batch_error(self) -> ValueError:
+        n, b = len(self.x), self.batch_size
+        if n == 0:
+            return ValueError(f"DataLoader over 0 rows yields no batch (batch_size={b}, "
+                              f"drop_last={self.drop_last}); pass at least one row")
+        return ValueError(
+            f"DataLoader: batch_size={b} is larger than the dataset's {n} rows and "
+            f"drop_last=True, so an epoch yields no batch; use batch_size <= {n}, or "
+            f"drop_last=False to get one short batch")
 
     def __repr__(self) -> str:
         return (
