@@ -211,6 +211,36 @@ def _hook_arguments(vjp: Callable, module, args: tuple, kwargs: dict) -> tuple[t
     return args, kwargs
 
 
+def _loadable(raw, key: str, shape: tuple, dtype: np.dtype, errors: list[str]):
+    """``raw`` as an array that can be assigned into ``shape``/``dtype``; None (and an entry in
+    ``errors``) when it cannot."""
+    try:
+        value = np.asarray(raw)
+    except Exception as err:  # a torch tensor that requires grad, a bfloat16 tensor, ...
+        errors.append(f'While copying the parameter named "{key}", expected an array from '
+                      f"checkpoint but {type(raw).__name__} could not be read as one: {err}")
+        return None
+    if value.dtype.kind not in "biuf" or (value.dtype.kind == "f" and dtype.kind in "iu"
+                                          and not np.isfinite(value).all()):
+        what = {"c": "complex values would lose their imaginary part",
+                "f": "non-finite values cannot become integers"}.get(
+                    value.dtype.kind, f"dtype {value.dtype} is not numeric")
+        errors.append(f'While copying the parameter named "{key}", whose dtype in the model is '
+                      f"{dtype}, the checkpoint's value cannot be cast: {what}.")
+        return None
+    if value.shape != shape:
+        if shape == () and value.shape == (1,):
+            return value.reshape(())  # PyTorch loads old checkpoints' (1,) into a 0-d buffer
+        errors.append(f"size mismatch for {key}: copying a param with shape {value.shape} from "
+                      f"checkpoint, the shape in current model is {shape}.")
+        return None
+    return value
+
+
+def _assign(array: np.ndarray, value: np.ndarray) -> None:
+    array[...] = value
+
+
 def _check_finite(module: Module, value, where: str) -> None:
     problem = _anomaly.first_nonfinite(value)
     if problem is not None:
@@ -446,19 +476,28 @@ class Module:
         Values may be ndarrays or anything ``np.asarray`` accepts (torch tensors included); they
         are cast to the parameter's dtype. As in PyTorch: a size mismatch always raises
         ``RuntimeError`` listing every mismatch; with ``strict=True`` missing and unexpected keys
-        raise too; the return value is ``(missing_keys, unexpected_keys)``.
+        raise too; a one-element array loads into a 0-d buffer (old checkpoints); the return
+        value is ``(missing_keys, unexpected_keys)``.
+
+        Transactional: every key, shape and value is checked before anything is assigned, so a
+        load that raises leaves the model exactly as it was (a LazyLinear stays lazy), and the
+        message names every offending key. A value that cannot be cast losslessly in kind (a
+        string, an object, a complex array into a real parameter) is such an error.
         """
+        if not hasattr(state_dict, "keys") or not hasattr(state_dict, "__getitem__"):
+            raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
         missing: list[str] = []
         unexpected: list[str] = []
         errors: list[str] = []
+        actions: list[Callable[[], None]] = []
 
-        def load(module: Module, prefix: str) -> None:
-            module._load_from_state_dict(state_dict, prefix, strict, missing, unexpected, errors)
+        def plan(module: Module, prefix: str) -> None:
+            module._plan_load(state_dict, prefix, missing, unexpected, errors, actions)
             for name, child in module._modules.items():
                 if child is not None:
-                    load(child, f"{prefix}{name}.")
+                    plan(child, f"{prefix}{name}.")
 
-        load(self, "")
+        plan(self, "")
         if strict:
             if unexpected:
                 errors.insert(0, "Unexpected key(s) in state_dict: {}. ".format(
@@ -469,6 +508,8 @@ class Module:
         if errors:
             raise RuntimeError("Error(s) in loading state_dict for {}:\n\t{}".format(
                 type(self).__name__, "\n\t".join(errors)))
+        for action in actions:  # nothing failed: now change the model
+            action()
         return IncompatibleKeys(missing, unexpected)
 
     def _local_state(self) -> dict:
@@ -477,31 +518,45 @@ class Module:
                      if b is not None and n not in self._non_persistent)
         return state
 
-    def _load_from_state_dict(self, state_dict, prefix, strict, missing, unexpected, errors) -> None:
-        """Load this module's own entries (not its children's); override to materialize lazily."""
-        local = self._local_state()
-        for name, target in local.items():
+    def _load_targets(self, state_dict, prefix: str, errors: list[str]):
+        """This module's own loadable entries and an action to run before they are assigned.
+
+        Returns ``({name: (shape, dtype, array getter)}, prepare)``. Getters are called only when
+        the load is applied, after ``prepare`` (None here; a LazyLinear materializes in it).
+        """
+        targets = {}
+        for name, value in self._local_state().items():
+            array = value.data if isinstance(value, Parameter) else value
+            targets[name] = (array.shape, array.dtype, lambda array=array: array)
+        return targets, None
+
+    def _plan_load(self, state_dict, prefix, missing, unexpected, errors, actions) -> None:
+        """Check this module's own entries (not its children's) against ``state_dict``.
+
+        Appends to ``missing``/``unexpected``/``errors`` and, for each entry that will load, an
+        assignment to ``actions``; changes nothing itself.
+        """
+        targets, prepare = self._load_targets(state_dict, prefix, errors)
+        if prepare is not None:
+            actions.append(prepare)
+        for name, (shape, dtype, array_of) in targets.items():
             key = prefix + name
             if key not in state_dict:
                 missing.append(key)
                 continue
-            value = np.asarray(state_dict[key])
-            current = target.data if isinstance(target, Parameter) else target
-            if value.shape != current.shape:
-                errors.append(
-                    f"size mismatch for {key}: copying a param with shape {value.shape} from "
-                    f"checkpoint, the shape in current model is {current.shape}."
-                )
+            if array_of is None:  # an entry that cannot load (its error is already reported)
                 continue
-            current[...] = value
-        for key in state_dict:
-            if not key.startswith(prefix):
+            value = _loadable(state_dict[key], key, shape, dtype, errors)
+            if value is not None:
+                actions.append(lambda array_of=array_of, value=value: _assign(array_of(), value))
+        for key in state_dict.keys():
+            if not isinstance(key, str) or not key.startswith(prefix):
                 continue
             head = key[len(prefix):].split(".", 1)
             if len(head) > 1:
                 if head[0] not in self._modules:
                     unexpected.append(key)
-            elif head[0] not in local:
+            elif head[0] not in targets:
                 unexpected.append(key)
 
     # ------------------------------------------------------------------ calling

@@ -34,7 +34,9 @@ def save(model_or_state, path: str | os.PathLike, metadata: dict[str, str] | Non
     """
     st = _safetensors_numpy()
     state = model_or_state.state_dict() if hasattr(model_or_state, "state_dict") else model_or_state
-    arrays = {key: np.ascontiguousarray(np.asarray(value)) for key, value in state.items()}
+    # np.asarray(order="C"), not np.ascontiguousarray: that one turns a 0-d array into shape
+    # (1,), and BatchNorm's num_batches_tracked would no longer load back into its own model.
+    arrays = {key: np.asarray(value, order="C") for key, value in state.items()}
     meta = {"format": "np"}
     if hasattr(model_or_state, "state_dict"):
         meta["linearkit.model"] = repr(model_or_state)

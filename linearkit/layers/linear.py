@@ -178,11 +178,26 @@ class LazyLinear(Linear):
         self.materialize(x.shape[-1])
         return x
 
-    def _load_from_state_dict(self, state_dict, prefix, strict, missing, unexpected, errors):
-        weight = state_dict.get(prefix + "weight")
-        if weight is not None and np.ndim(weight) == 2:
-            self.materialize(np.shape(weight)[1])
-        Module._load_from_state_dict(self, state_dict, prefix, strict, missing, unexpected, errors)
+    def _load_targets(self, state_dict, prefix: str, errors: list[str]):
+        # The checkpoint's weight decides in_features (its dim 1). The arrays are created only
+        # when the whole load succeeds: a failing load leaves the LazyLinear lazy.
+        key, out = prefix + "weight", self.out_features
+        names = ("weight", "bias") if self._has_bias else ("weight",)
+        shape = np.shape(state_dict[key]) if key in state_dict else None
+        if shape is None or len(shape) != 2:
+            if shape is not None:
+                errors.append(f"size mismatch for {key}: a LazyLinear materializes from a 2-D "
+                              f"weight of shape ({out}, in_features), got shape {shape}.")
+            elif prefix + "bias" in state_dict and self._has_bias:
+                errors.append(f"cannot load {prefix}bias into a LazyLinear without {key}: its "
+                              "in_features comes from the weight's shape")
+            # Reported missing when absent (as PyTorch does); never assigned (no getter).
+            return {name: (None, self.dtype, None) for name in names}, None
+        n_in = feature_count("in_features", shape[1])
+        shapes = {"weight": (out, n_in), "bias": (out,)}
+        targets = {name: (shapes[name], self.dtype, lambda name=name: getattr(self, name).data)
+                   for name in names}
+        return targets, lambda: self.materialize(n_in)
 
     def extra_repr(self) -> str:
         if self.in_features is None:
