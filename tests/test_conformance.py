@@ -6,18 +6,17 @@ forward vs torch (float32 and float64), gradients vs torch, float64 gradcheck, o
 shape/dtype (and vjp's y equal to forward's), parameter count, repr, state_dict keys and round
 trip (ours and torch's), batched vs unbatched, and reuse of one module twice in a graph.
 
-To cover a new module, add one ``Case`` to ``CASES``.
+To cover a new module, add one ``ModuleCase`` to ``linearkit.analysis.cases.MODULE_CASES``
+(``linearkit gradcheck`` runs over the same table).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
 import linearkit as lk
+from linearkit.analysis.cases import MODULE_CASES, build
 from linearkit.analysis.gradcheck import gradcheck
 
 torch = pytest.importorskip("torch")
@@ -35,79 +34,18 @@ class Residual(tnn.Module):
         return x + self.module(x)
 
 
-@dataclass(frozen=True)
-class Case:
-    id: str
-    make: Callable  # (dtype, rng) -> linearkit Module
-    ref: Callable  # () -> torch.nn.Module with the same structure (weights are copied in)
-    shape: tuple  # a batched input shape
-    train: bool = True  # the mode both modules run in
-    unbatched: bool = True  # x[0] (one sample, batch dim dropped) is a valid input
+class _TorchNamespace:
+    """``torch.nn`` plus the ``Residual`` reference, for the case table's ``ref(nn)``."""
+
+    Residual = Residual
+
+    def __getattr__(self, name):
+        return getattr(tnn, name)
 
 
-def _lin(i, o, bias=True):
-    return lambda dt, rng: lk.Linear(i, o, bias, dtype=dt, rng=rng)
+TNN = _TorchNamespace()
+CASES = MODULE_CASES
 
-
-def _plain(cls, *args, **kwargs):
-    """A module without parameters or dtype (activations, Flatten, Identity)."""
-    return lambda dt, rng: cls(*args, **kwargs)
-
-
-CASES = [
-    Case("Linear", _lin(4, 3), lambda: tnn.Linear(4, 3), (5, 4)),
-    Case("Linear-nobias", _lin(4, 3, False), lambda: tnn.Linear(4, 3, bias=False), (5, 4)),
-    Case("Linear-3d", _lin(4, 3), lambda: tnn.Linear(4, 3), (2, 3, 4)),
-    Case("LazyLinear", lambda dt, rng: lk.LazyLinear(3, dtype=dt, rng=rng),
-         lambda: tnn.LazyLinear(3), (5, 4)),
-    Case("Identity", _plain(lk.Identity), tnn.Identity, (5, 4)),
-    Case("ReLU", _plain(lk.ReLU), tnn.ReLU, (5, 4)),
-    Case("LeakyReLU", _plain(lk.LeakyReLU), tnn.LeakyReLU, (5, 4)),
-    Case("LeakyReLU-0.2", _plain(lk.LeakyReLU, 0.2), lambda: tnn.LeakyReLU(0.2), (5, 4)),
-    Case("GELU", _plain(lk.GELU), tnn.GELU, (5, 4)),
-    Case("GELU-tanh", _plain(lk.GELU, "tanh"), lambda: tnn.GELU("tanh"), (5, 4)),
-    Case("Tanh", _plain(lk.Tanh), tnn.Tanh, (5, 4)),
-    Case("Sigmoid", _plain(lk.Sigmoid), tnn.Sigmoid, (5, 4)),
-    Case("SiLU", _plain(lk.SiLU), tnn.SiLU, (5, 4)),
-    Case("Softmax", _plain(lk.Softmax, dim=-1), lambda: tnn.Softmax(dim=-1), (5, 4)),
-    Case("Softmax-dim1", _plain(lk.Softmax, dim=1), lambda: tnn.Softmax(dim=1), (2, 3, 4),
-         unbatched=False),
-    Case("LogSoftmax", _plain(lk.LogSoftmax, dim=-1), lambda: tnn.LogSoftmax(dim=-1), (5, 4)),
-    Case("Dropout-p0-train", _plain(lk.Dropout, 0.0), lambda: tnn.Dropout(0.0), (5, 4)),
-    Case("Dropout-eval", _plain(lk.Dropout, 0.5), lambda: tnn.Dropout(0.5), (5, 4),
-         train=False),
-    Case("LayerNorm", lambda dt, rng: lk.LayerNorm(4, dtype=dt), lambda: tnn.LayerNorm(4),
-         (5, 4)),
-    Case("LayerNorm-2d-noaffine",
-         lambda dt, rng: lk.LayerNorm((3, 4), eps=1e-3, elementwise_affine=False, dtype=dt),
-         lambda: tnn.LayerNorm((3, 4), eps=1e-3, elementwise_affine=False), (2, 3, 4)),
-    Case("BatchNorm1d-NC-train", lambda dt, rng: lk.BatchNorm1d(4, dtype=dt),
-         lambda: tnn.BatchNorm1d(4), (6, 4), unbatched=False),
-    Case("BatchNorm1d-NC-eval", lambda dt, rng: lk.BatchNorm1d(4, dtype=dt),
-         lambda: tnn.BatchNorm1d(4), (6, 4), train=False, unbatched=False),
-    Case("BatchNorm1d-NCL-train", lambda dt, rng: lk.BatchNorm1d(3, momentum=None, dtype=dt),
-         lambda: tnn.BatchNorm1d(3, momentum=None), (4, 3, 5), unbatched=False),
-    Case("BatchNorm1d-NCL-eval", lambda dt, rng: lk.BatchNorm1d(3, dtype=dt),
-         lambda: tnn.BatchNorm1d(3), (4, 3, 5), train=False, unbatched=False),
-    Case("Flatten", _plain(lk.Flatten), tnn.Flatten, (2, 3, 4), unbatched=False),
-    Case("Sequential",
-         lambda dt, rng: lk.Sequential(lk.Linear(4, 8, dtype=dt, rng=rng), lk.ReLU(),
-                                       lk.Linear(8, 3, dtype=dt, rng=rng)),
-         lambda: tnn.Sequential(tnn.Linear(4, 8), tnn.ReLU(), tnn.Linear(8, 3)), (5, 4)),
-    Case("Sequential-flatten",
-         lambda dt, rng: lk.Sequential(lk.Flatten(), lk.Linear(6, 3, dtype=dt, rng=rng),
-                                       lk.Tanh()),
-         lambda: tnn.Sequential(tnn.Flatten(), tnn.Linear(6, 3), tnn.Tanh()), (4, 2, 3),
-         unbatched=False),
-    Case("Residual", lambda dt, rng: lk.Residual(lk.Linear(4, 4, dtype=dt, rng=rng)),
-         lambda: Residual(tnn.Linear(4, 4)), (5, 4)),
-    Case("Residual-block",
-         lambda dt, rng: lk.Residual(lk.Sequential(
-             lk.LayerNorm(4, dtype=dt), lk.Linear(4, 6, dtype=dt, rng=rng), lk.GELU(),
-             lk.Dropout(0.0), lk.Linear(6, 4, dtype=dt, rng=rng))),
-         lambda: Residual(tnn.Sequential(tnn.LayerNorm(4), tnn.Linear(4, 6), tnn.GELU(),
-                                         tnn.Dropout(0.0), tnn.Linear(6, 4))), (5, 4)),
-]
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_torch_thread():
@@ -129,26 +67,11 @@ def _x(case, dtype, seed=0):
     return np.random.default_rng(seed).standard_normal(case.shape).astype(dtype)
 
 
-def build(case, dtype=np.float64, seed=0):
-    """(module, x): the module in the case's mode, materialized by one call, with random
-    parameters and float buffers (so default ones/zeros init cannot hide a bug)."""
-    rng = np.random.default_rng(seed)
-    module = case.make(np.dtype(dtype), rng).train(case.train)
-    x = _x(case, dtype)
-    module(x)
-    for p in module.parameters():
-        p.data[...] = rng.uniform(-1.0, 1.0, p.shape)
-    for _, b in module.named_buffers():
-        if b.dtype.kind == "f":
-            b[...] = rng.uniform(0.5, 1.5, b.shape)
-    return module, x
-
-
 def pair(case, dtype, seed=0):
     """(module, ref, x): ``build``'s module and the torch reference of ``case`` in the same
     mode and dtype, materialized by the same call, holding the module's weights and buffers."""
     module, x = build(case, dtype, seed)
-    ref = case.ref().to(TORCH_DTYPE[np.dtype(dtype)]).train(case.train)
+    ref = case.ref(TNN).to(TORCH_DTYPE[np.dtype(dtype)]).train(case.train)
     with torch.no_grad():
         ref(_t(x))
     ref.load_state_dict({k: _t(v) for k, v in module.state_dict().items()})
@@ -251,7 +174,7 @@ def test_repr_matches_torch(case):
 @each_case
 def test_state_dict_keys_and_round_trip(case):
     module, ref, x = pair(case, np.float64)
-    assert list(module.state_dict()) == list(case.ref().state_dict())
+    assert list(module.state_dict()) == list(case.ref(TNN).state_dict())
     for source in (module.state_dict(), ref.state_dict()):  # ours, and torch's tensors
         fresh = case.make(np.dtype(np.float64), np.random.default_rng(99))
         result = fresh.load_state_dict(source)
@@ -309,3 +232,81 @@ def test_every_shipped_module_has_a_case():
         covered.update(type(m).__name__ for m in module.modules())
     covered.update(c.id for c in CASES)
     assert set(layers.__all__) <= covered, set(layers.__all__) - covered
+
+
+# ----------------------------------------------------------------------------- freezing
+WITH_PARAMS = [c for c in CASES if any(True for _ in build(c)[0].parameters())]
+each_case_with_params = pytest.mark.parametrize("case", WITH_PARAMS,
+                                                ids=[c.id for c in WITH_PARAMS])
+
+
+class _GemmShapes:
+    """The output shapes of every np.matmul linearkit.functional runs while installed."""
+
+    def __init__(self, monkeypatch):
+        from linearkit import functional as F
+
+        self.shapes, real = [], np.matmul
+
+        def counted(*args, **kwargs):
+            out = real(*args, **kwargs)
+            self.shapes.append(out.shape)
+            return out
+
+        monkeypatch.setattr(F.np, "matmul", counted)
+
+
+@each_case_with_params
+def test_a_frozen_parameter_gets_no_gradient_and_costs_no_gemm(case, monkeypatch):
+    names = [n for n, _ in build(case)[0].named_parameters()]
+    for frozen in names:
+        module, ref, x = pair(case, np.float64)
+        dict(module.named_parameters())[frozen].requires_grad = False
+        dict(ref.named_parameters())[frozen].requires_grad_(False)
+        y, backward = module.vjp(x)
+        dy = np.random.default_rng(1).standard_normal(y.shape)
+        gemms = _GemmShapes(monkeypatch)
+        dx = backward(dy)
+        monkeypatch.undo()
+        xt = _t(x).requires_grad_(True)
+        ref(xt).backward(_t(dy))
+        torch.testing.assert_close(_t(dx), xt.grad)
+        for name, p in module.named_parameters():
+            if name == frozen:
+                assert p.grad is None, f"frozen {name} got a gradient"
+                if p.ndim == 2:  # a Linear weight: its dW GEMM must not run
+                    assert p.shape not in gemms.shapes, f"dW GEMM of frozen {name} ran"
+            else:
+                torch.testing.assert_close(_t(p.grad), dict(ref.named_parameters())[name].grad)
+
+
+@each_case_with_params
+def test_what_to_differentiate_is_fixed_when_the_forward_runs(case):
+    module, x = build(case)
+    y, backward = module.vjp(x)
+    dy = np.random.default_rng(1).standard_normal(y.shape)
+    module.requires_grad_(False)  # frozen between vjp and backward: this backward still writes
+    backward(dy)
+    expected = {n: p.grad.copy() for n, p in module.named_parameters()}
+    assert all(g is not None for g in expected.values())
+    module.zero_grad()
+    module.requires_grad_(True)
+    _, backward = module.vjp(x)
+    backward(dy)
+    for name, p in module.named_parameters():
+        np.testing.assert_array_equal(p.grad, expected[name], err_msg=name)
+    module.zero_grad()
+    module.requires_grad_(False)
+    _, backward = module.vjp(x)
+    module.requires_grad_(True)  # unfrozen after the forward: this backward writes nothing
+    backward(dy)
+    assert all(p.grad is None for p in module.parameters())
+
+
+@each_case
+def test_a_backward_closure_runs_once(case):
+    module, x = build(case)
+    y, backward = module.vjp(x)
+    backward(np.ones_like(y))
+    with pytest.raises(lk.BackwardError, match="already called"):
+        backward(np.ones_like(y))

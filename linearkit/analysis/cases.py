@@ -1,0 +1,156 @@
+"""The case table of every shipped module: what the conformance tests and ``linearkit gradcheck``
+both run over (one table, so a new layer is covered by both with one entry).
+
+A ``ModuleCase`` builds a linearkit module for a dtype and a random generator, and names its
+PyTorch reference as a function of a namespace (``ref(nn)``, with ``nn`` = ``torch.nn`` plus a
+``Residual``, which torch lacks), so this file never imports torch. A ``LossCase`` builds a
+loss, a prediction shape and a target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import layers as L
+from .. import losses
+
+__all__ = ["LOSS_CASES", "MODULE_CASES", "LossCase", "ModuleCase", "build"]
+
+
+@dataclass(frozen=True)
+class ModuleCase:
+    """One module configuration.
+
+    ``make(dtype, rng) -> Module``; ``ref(nn) -> torch.nn.Module`` with the same structure;
+    ``shape`` a batched input shape; ``train`` the mode both run in; ``unbatched``: ``x[0]``
+    (one sample, batch dim dropped) is a valid input too.
+    """
+
+    id: str
+    make: Callable
+    ref: Callable
+    shape: tuple
+    train: bool = True
+    unbatched: bool = True
+
+
+@dataclass(frozen=True)
+class LossCase:
+    """``make() -> loss module``; ``ref(nn)``; ``shape`` of the prediction; ``target(rng)``."""
+
+    id: str
+    make: Callable
+    ref: Callable
+    shape: tuple
+    target: Callable
+
+
+def _lin(i, o, bias=True):
+    return lambda dt, rng: L.Linear(i, o, bias, dtype=dt, rng=rng)
+
+
+def _plain(cls, *args, **kwargs):
+    """A module without parameters or dtype (activations, Flatten, Identity, Dropout)."""
+    return lambda dt, rng: cls(*args, **kwargs)
+
+
+MODULE_CASES = [
+    ModuleCase("Linear", _lin(4, 3), lambda nn: nn.Linear(4, 3), (5, 4)),
+    ModuleCase("Linear-nobias", _lin(4, 3, False), lambda nn: nn.Linear(4, 3, bias=False), (5, 4)),
+    ModuleCase("Linear-3d", _lin(4, 3), lambda nn: nn.Linear(4, 3), (2, 3, 4)),
+    ModuleCase("LazyLinear", lambda dt, rng: L.LazyLinear(3, dtype=dt, rng=rng),
+               lambda nn: nn.LazyLinear(3), (5, 4)),
+    ModuleCase("Identity", _plain(L.Identity), lambda nn: nn.Identity(), (5, 4)),
+    ModuleCase("ReLU", _plain(L.ReLU), lambda nn: nn.ReLU(), (5, 4)),
+    ModuleCase("LeakyReLU", _plain(L.LeakyReLU), lambda nn: nn.LeakyReLU(), (5, 4)),
+    ModuleCase("LeakyReLU-0.2", _plain(L.LeakyReLU, 0.2), lambda nn: nn.LeakyReLU(0.2), (5, 4)),
+    ModuleCase("GELU", _plain(L.GELU), lambda nn: nn.GELU(), (5, 4)),
+    ModuleCase("GELU-tanh", _plain(L.GELU, "tanh"), lambda nn: nn.GELU("tanh"), (5, 4)),
+    ModuleCase("Tanh", _plain(L.Tanh), lambda nn: nn.Tanh(), (5, 4)),
+    ModuleCase("Sigmoid", _plain(L.Sigmoid), lambda nn: nn.Sigmoid(), (5, 4)),
+    ModuleCase("SiLU", _plain(L.SiLU), lambda nn: nn.SiLU(), (5, 4)),
+    ModuleCase("Softmax", _plain(L.Softmax, dim=-1), lambda nn: nn.Softmax(dim=-1), (5, 4)),
+    ModuleCase("Softmax-dim1", _plain(L.Softmax, dim=1), lambda nn: nn.Softmax(dim=1),
+               (2, 3, 4), unbatched=False),
+    ModuleCase("LogSoftmax", _plain(L.LogSoftmax, dim=-1), lambda nn: nn.LogSoftmax(dim=-1),
+               (5, 4)),
+    ModuleCase("Dropout-p0-train", _plain(L.Dropout, 0.0), lambda nn: nn.Dropout(0.0), (5, 4)),
+    ModuleCase("Dropout-eval", _plain(L.Dropout, 0.5), lambda nn: nn.Dropout(0.5), (5, 4),
+               train=False),
+    ModuleCase("LayerNorm", lambda dt, rng: L.LayerNorm(4, dtype=dt),
+               lambda nn: nn.LayerNorm(4), (5, 4)),
+    ModuleCase("LayerNorm-2d-noaffine",
+               lambda dt, rng: L.LayerNorm((3, 4), eps=1e-3, elementwise_affine=False, dtype=dt),
+               lambda nn: nn.LayerNorm((3, 4), eps=1e-3, elementwise_affine=False), (2, 3, 4)),
+    ModuleCase("BatchNorm1d-NC-train", lambda dt, rng: L.BatchNorm1d(4, dtype=dt),
+               lambda nn: nn.BatchNorm1d(4), (6, 4), unbatched=False),
+    ModuleCase("BatchNorm1d-NC-eval", lambda dt, rng: L.BatchNorm1d(4, dtype=dt),
+               lambda nn: nn.BatchNorm1d(4), (6, 4), train=False, unbatched=False),
+    ModuleCase("BatchNorm1d-NCL-train",
+               lambda dt, rng: L.BatchNorm1d(3, momentum=None, dtype=dt),
+               lambda nn: nn.BatchNorm1d(3, momentum=None), (4, 3, 5), unbatched=False),
+    ModuleCase("BatchNorm1d-NCL-eval", lambda dt, rng: L.BatchNorm1d(3, dtype=dt),
+               lambda nn: nn.BatchNorm1d(3), (4, 3, 5), train=False, unbatched=False),
+    ModuleCase("Flatten", _plain(L.Flatten), lambda nn: nn.Flatten(), (2, 3, 4), unbatched=False),
+    ModuleCase("Sequential",
+               lambda dt, rng: L.Sequential(L.Linear(4, 8, dtype=dt, rng=rng), L.ReLU(),
+                                            L.Linear(8, 3, dtype=dt, rng=rng)),
+               lambda nn: nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)), (5, 4)),
+    ModuleCase("Sequential-flatten",
+               lambda dt, rng: L.Sequential(L.Flatten(), L.Linear(6, 3, dtype=dt, rng=rng),
+                                            L.Tanh()),
+               lambda nn: nn.Sequential(nn.Flatten(), nn.Linear(6, 3), nn.Tanh()), (4, 2, 3),
+               unbatched=False),
+    ModuleCase("Residual", lambda dt, rng: L.Residual(L.Linear(4, 4, dtype=dt, rng=rng)),
+               lambda nn: nn.Residual(nn.Linear(4, 4)), (5, 4)),
+    ModuleCase("Residual-block",
+               lambda dt, rng: L.Residual(L.Sequential(
+                   L.LayerNorm(4, dtype=dt), L.Linear(4, 6, dtype=dt, rng=rng), L.GELU(),
+                   L.Dropout(0.0), L.Linear(6, 4, dtype=dt, rng=rng))),
+               lambda nn: nn.Residual(nn.Sequential(nn.LayerNorm(4), nn.Linear(4, 6), nn.GELU(),
+                                                    nn.Dropout(0.0), nn.Linear(6, 4))), (5, 4)),
+]
+
+
+def _labels(classes, shape):
+    return lambda rng: rng.integers(0, classes, shape)
+
+
+def _reals(shape):
+    return lambda rng: rng.standard_normal(shape)
+
+
+def _probabilities(shape):
+    return lambda rng: rng.uniform(0.0, 1.0, shape)
+
+
+LOSS_CASES = [
+    LossCase("MSELoss", lambda: losses.MSELoss(), lambda nn: nn.MSELoss(), (5, 3), _reals((5, 3))),
+    LossCase("MSELoss-sum", lambda: losses.MSELoss(reduction="sum"),
+             lambda nn: nn.MSELoss(reduction="sum"), (5, 3), _reals((5, 3))),
+    LossCase("L1Loss", lambda: losses.L1Loss(), lambda nn: nn.L1Loss(), (5, 3), _reals((5, 3))),
+    LossCase("CrossEntropyLoss", lambda: losses.CrossEntropyLoss(),
+             lambda nn: nn.CrossEntropyLoss(), (6, 4), _labels(4, (6,))),
+    LossCase("CrossEntropyLoss-smoothing", lambda: losses.CrossEntropyLoss(label_smoothing=0.1),
+             lambda nn: nn.CrossEntropyLoss(label_smoothing=0.1), (6, 4), _labels(4, (6,))),
+    LossCase("BCEWithLogitsLoss", lambda: losses.BCEWithLogitsLoss(),
+             lambda nn: nn.BCEWithLogitsLoss(), (5, 3), _probabilities((5, 3))),
+]
+
+
+def build(case: ModuleCase, dtype=np.float64, seed: int = 0):
+    """``(module, x)``: the case's module in its mode, materialized by one call, with random
+    parameters and float buffers (so a default ones/zeros init cannot hide a bug)."""
+    rng = np.random.default_rng(seed)
+    module = case.make(np.dtype(dtype), rng).train(case.train)
+    x = np.random.default_rng(seed).standard_normal(case.shape).astype(dtype)
+    module(x)
+    for p in module.parameters():
+        p.data[...] = rng.uniform(-1.0, 1.0, p.shape)
+    for _, b in module.named_buffers():
+        if b.dtype.kind == "f":
+            b[...] = rng.uniform(0.5, 1.5, b.shape)
+    return module, x
