@@ -303,14 +303,57 @@ def _mean(a: np.ndarray, axes: tuple, n: int) -> np.ndarray:
 
 
 def _normalize(x: np.ndarray, axes: tuple, eps: float):
-    """``xhat = (x - mean) / sqrt(var + eps)`` over ``axes``, var biased; -> xhat, mean, var, rstd."""
+    """``xhat = (x - mean) / sqrt(var + eps)`` over ``axes``, var biased; -> xhat, mean, var, rstd.
+
+    Scale-safe: a slice whose ``var + eps`` is not a finite normal number (the squares overflow
+    for ``|x - mean|`` beyond ~1.8e19 in float32, 1.3e154 in float64; or they underflow with
+    ``eps`` 0) is recomputed exactly by ``_normalize_rescaled``; every other slice is computed
+    as it always was, bit for bit. NaN or inf in a slice makes it NaN, as in PyTorch.
+    """
     n = math.prod(x.shape[a] for a in axes)
-    mean = _mean(x, axes, n)
-    xhat = x - mean
-    var = _mean(xhat * xhat, axes, n)
-    rstd = 1.0 / np.sqrt(var + eps)
-    xhat *= rstd
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        mean = _mean(x, axes, n)
+        xhat = x - mean
+        var = _mean(xhat * xhat, axes, n)
+        shifted = var + eps
+        rstd = 1.0 / np.sqrt(shifted)
+        xhat *= rstd
+        if n and rstd.size and _out_of_range(rstd, eps):
+            bad = (shifted == np.inf) | (shifted < np.finfo(shifted.dtype).tiny)
+            mean, xhat, var, rstd = (np.where(bad, new, old) for new, old in zip(
+                _normalize_rescaled(x, axes, n, eps), (mean, xhat, var, rstd)))
     return xhat, mean, var, rstd
+
+
+def _out_of_range(rstd: np.ndarray, eps: float) -> bool:
+    """Whether some ``rstd = 1/sqrt(var + eps)`` came from an overflowed variance (rstd 0) or,
+    possible only for ``eps`` below the dtype's smallest normal, an underflowed one. NaN is
+    ignored (a NaN input stays NaN). One reduction in the common case: ~1.4 us."""
+    if np.fmin.reduce(rstd, axis=None) == 0:
+        return True
+    tiny = np.finfo(rstd.dtype).tiny
+    return eps < tiny and bool(np.fmax.reduce(rstd, axis=None) > 1.0 / math.sqrt(tiny))
+
+
+def _normalize_rescaled(x: np.ndarray, axes: tuple, n: int, eps: float):
+    """``_normalize``'s ``(mean, xhat, var, rstd)`` for slices at the ends of the range, exactly.
+
+    Each slice is scaled by ``s = 2^-e`` with ``2^e`` just above its ``max |x|`` (a power of two,
+    so no rounding) and computed in float64: ``xhat = (x's - mean's) / sqrt(var's + eps s²)``,
+    ``rstd = s / sqrt(var's + eps s²)``, ``var = var's / s²``. Results are cast back to x's dtype
+    (a variance beyond its range becomes inf, which is the truth rounded, not a zero).
+    """
+    x64 = x.astype(np.float64)
+    _, e = np.frexp(np.max(np.abs(x64), axis=axes, keepdims=True))
+    np.ldexp(x64, -e, out=x64)
+    mean = np.sum(x64, axis=axes, keepdims=True) / n
+    x64 -= mean
+    var = np.sum(x64 * x64, axis=axes, keepdims=True) / n
+    r = 1.0 / np.sqrt(var + np.ldexp(eps, -2 * e))
+    x64 *= r
+    dtype = x.dtype
+    return (np.ldexp(mean, e).astype(dtype), x64.astype(dtype), np.ldexp(var, 2 * e).astype(dtype),
+            np.ldexp(r, -e).astype(dtype))
 
 
 def _scale_shift(xhat: np.ndarray, w, b, inplace: bool) -> np.ndarray:

@@ -339,3 +339,129 @@ def test_property_matches_torch(dtype, lead, norm, use_bn, seed):
         shape = tuple(lead) + tuple(norm)
         ours, theirs = pair("LayerNorm", dtype, rng, tuple(norm))
     run_both(ours, theirs, data(rng, shape, dtype), data(rng, shape, dtype, 1.0, 0.0))
+
+
+# --------------------------------------------------------- numerics at the ends of the range
+def _ln_reference(x, w, dy, axes, eps, param_axes=None):
+    """Forward and (dx, dw, db) of ``(x - mean)/sqrt(var + eps) * w + b`` in 80-bit long double,
+    whose range (1e±4932) holds every float64 square: an independent reference for huge and tiny
+    rows. ``axes``: the statistics axes; dw/db are summed over ``param_axes`` (default: the
+    others, as in LayerNorm)."""
+    x, dy, w = (np.asarray(a, np.longdouble) for a in (x, dy, w))
+    mean = x.mean(axes, keepdims=True)
+    xhat = (x - mean) / np.sqrt(((x - mean) ** 2).mean(axes, keepdims=True) + eps)
+    g = dy * w
+    rstd = 1 / np.sqrt(((x - mean) ** 2).mean(axes, keepdims=True) + eps)
+    dx = rstd * (g - g.mean(axes, keepdims=True) - xhat * (g * xhat).mean(axes, keepdims=True))
+    if param_axes is None:
+        param_axes = tuple(a for a in range(x.ndim) if a not in axes)
+    return xhat * w, dx, (dy * xhat).sum(param_axes), dy.sum(param_axes)
+
+
+def _extreme_rows(scale, dtype, rng, shape=(3, 8)):
+    x = np.clip(rng.standard_normal(shape), -2.2, 2.2)  # 2.2 * 1.5e38 < float32's max 3.4e38
+    if scale == "mixed":  # one huge element among ordinary ones, and a row of ordinary values
+        x[0, 1], x[1, 1 % shape[1]] = 1e20, -3e38
+    else:
+        x *= scale
+    return x.astype(dtype)
+
+
+EXTREME = [(1e20, np.float32), (1e20, np.float64), (1.5e38, np.float32), (1.5e38, np.float64),
+           ("mixed", np.float32), ("mixed", np.float64), (1e-30, np.float32),
+           (1e-30, np.float64), (1e200, np.float64), (1e-300, np.float64)]
+
+
+def _assert_matches(ours, ref, dtype):
+    """Elementwise close to the reference, scaled to its magnitude; never NaN, never all-zero."""
+    ref = np.asarray(ref, np.float64)
+    assert np.isfinite(ours).all(), ours
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    atol = rtol * np.abs(ref).max() + np.finfo(dtype).smallest_subnormal * 4
+    np.testing.assert_allclose(ours.astype(np.float64), ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("scale, dtype", EXTREME, ids=str)
+@pytest.mark.parametrize("eps", [1e-5, 0.0])
+def test_layer_norm_huge_and_tiny_rows_are_right(scale, dtype, eps):
+    """Rows near float max or min: the right answer, no warning — not silent zeros (ours before)
+    nor NaN (torch's float32)."""
+    if eps == 0.0 and scale == "mixed":
+        pytest.skip("mixed rows are ordinary in their variance")
+    rng = np.random.default_rng(11)
+    x = _extreme_rows(scale, dtype, rng)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    w = rng.normal(1.0, 0.5, 8).astype(dtype)
+    y, xhat, rstd = F.layer_norm_forward(x, 8, w, None, eps)
+    dx, dw, db = F.layer_norm_backward(dy, xhat, rstd, 8, w)
+    ref = _ln_reference(x, w, dy, (1,), eps)
+    for ours, theirs in zip((y, dx, dw, db), ref):
+        assert ours.dtype == dtype
+        _assert_matches(ours, theirs, dtype)
+    np.testing.assert_array_equal(F.layer_norm(x, 8, w, None, eps), y)
+    ln = lk.LayerNorm(8, bias=False, eps=eps, dtype=dtype)
+    ln.weight.data[...] = w
+    y_mod, back = ln.vjp(x)
+    np.testing.assert_array_equal(y_mod, y), np.testing.assert_array_equal(back(dy), dx)
+
+
+def test_layer_norm_reference_is_torch_float64_where_that_is_exact():
+    """The long-double reference agrees with torch in float64 on float32's extremes."""
+    rng = np.random.default_rng(12)
+    for scale in (1e20, 1.5e38, 1e-30):
+        x = _extreme_rows(scale, np.float32, rng).astype(np.float64)
+        y_t = torch.nn.functional.layer_norm(torch.from_numpy(x), (8,))
+        np.testing.assert_allclose(_ln_reference(x, np.ones(8), x, (1,), 1e-5)[0], y_t.numpy(),
+                                   rtol=1e-12, atol=1e-300)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_layer_norm_ordinary_rows_unchanged_beside_a_huge_one():
+    """Ordinary rows in a batch with an overflowing row get exactly their usual result, and
+    that result is torch's."""
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    alone = F.layer_norm(x, 8)
+    x_big = x.copy()
+    x_big[2] *= 1e20
+    y = F.layer_norm(x_big, 8)
+    np.testing.assert_array_equal(y[[0, 1, 3]], alone[[0, 1, 3]])
+    close(alone, torch.nn.functional.layer_norm(torch.from_numpy(x), (8,)))
+    _assert_matches(y[2], _ln_reference(x_big[2:3], np.ones(8), x_big[2:3], (1,), 1e-5)[0][0],
+                    np.float32)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_layer_norm_nan_and_inf_inputs_stay_nan_like_torch():
+    x = np.array([[1.0, np.nan, 2.0, 3.0], [1.0, np.inf, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0]],
+                 np.float32)
+    y = F.layer_norm(x, 4)
+    y_t = torch.nn.functional.layer_norm(torch.from_numpy(x), (4,)).numpy()
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(y_t))
+    assert np.isnan(y[:2]).all() and np.isfinite(y[2]).all()
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("scale, dtype", EXTREME, ids=str)
+def test_batch_norm_huge_and_tiny_channels_are_right(scale, dtype):
+    """BatchNorm1d's batch variance has the same overflow: forward, backward and the running
+    variance against the long-double reference."""
+    rng = np.random.default_rng(14)
+    x = _extreme_rows(scale, dtype, rng, (8, 3))
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    w = rng.normal(1.0, 0.5, 3).astype(dtype)
+    rm, rv = np.zeros(3, dtype), np.ones(3, dtype)
+    y, xhat, rstd = F.batch_norm_forward(x, rm, rv, w, None, True, 0.5, 1e-5)
+    dx, dw, db = F.batch_norm_backward(dy, xhat, rstd, w, True)
+    ref = _ln_reference(x, w, dy, (0,), 1e-5, (0,))
+    for ours, theirs in zip((y, dx, dw, db), ref):
+        assert ours.dtype == dtype
+        _assert_matches(ours, theirs, dtype)
+    x64 = np.asarray(x, np.longdouble)
+    true_var = 0.5 + 0.5 * x64.var(0, ddof=1)
+    with np.errstate(over="ignore"):
+        expected = true_var.astype(dtype)  # inf where the variance itself exceeds the dtype
+    np.testing.assert_allclose(rv, expected, rtol=1e-5 if dtype == np.float32 else 1e-12)
+    np.testing.assert_allclose(rm, (0.5 * x64.mean(0)).astype(np.float64),
+                               rtol=1e-5 if dtype == np.float32 else 1e-12)
