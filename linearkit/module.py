@@ -360,6 +360,12 @@ class Module:
             yield from child.named_modules(memo, child_prefix, remove_duplicate)
 
     def modules(self) -> Iterator[Module]:
+        """Yield this module and every descendant, depth first, each instance once.
+
+        >>> import linearkit as lk
+        >>> [type(m).__name__ for m in lk.Sequential(lk.Linear(2, 3), lk.ReLU()).modules()]
+        ['Sequential', 'Linear', 'ReLU']
+        """
         for _, module in self.named_modules():
             yield module
 
@@ -391,6 +397,12 @@ class Module:
         return self._named_members("_parameters", prefix, recurse, remove_duplicate)
 
     def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
+        """Yield every Parameter (this module's own only, with ``recurse=False``), tied ones once.
+
+        >>> import linearkit as lk
+        >>> [p.shape for p in lk.Linear(2, 3).parameters()]
+        [(3, 2), (3,)]
+        """
         for _, p in self.named_parameters(recurse=recurse):
             yield p
 
@@ -561,10 +573,24 @@ class Module:
 
     # ------------------------------------------------------------------ calling
     def forward(self, *args, **kwargs):
+        """The computation ``module(x)`` runs: input(s) to output, keeping nothing for a backward.
+
+        Subclasses define it (``x (*, in) -> y (*, out)`` for the shipped layers). Call the
+        module, not ``forward``: ``module(x)`` also runs the call hooks and locates errors.
+        """
         raise NotImplementedError(
             f"{type(self).__name__} has no forward(); define forward(self, x) in your subclass")
 
     def vjp(self, *args, **kwargs):
+        """``(y, backward)``: the forward plus a closure for the vector-Jacobian product.
+
+        ``vjp(x, input_grad=True)`` returns ``y`` (the same array ``module(x)`` would) and
+        ``backward(dy) -> dx``, where ``dy`` has ``y``'s shape and ``dx`` has ``x``'s (None when
+        ``input_grad=False``). Calling ``backward`` adds each trainable parameter's gradient into
+        its ``.grad`` (through ``Parameter.add_grad``), once: a second call raises. Which
+        parameters get a gradient is fixed when ``vjp`` runs. Subclasses define it by composing
+        their children's closures (see docs/custom_modules.md).
+        """
         raise NotImplementedError(
             f"{type(self).__name__} has no vjp(); define vjp(self, x, input_grad=True) returning "
             "(y, backward) — compose your submodules' vjp closures (see docs/custom_modules.md)")
