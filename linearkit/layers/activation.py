@@ -13,11 +13,12 @@ __all__ = ["GELU", "LeakyReLU", "LogSoftmax", "ReLU", "SiLU", "Sigmoid", "Softma
 class _Elementwise(Module):
     """An activation without parameters: ``forward`` and a ``vjp`` whose closure keeps one array.
 
-    Subclasses set ``_fn(self, x)`` and ``_grad(self, dy, x, y)``; ``_keeps`` says which of
+    Subclasses set ``_fn(self, x)`` and ``_grad(self, dy, x, y)``; ``saves`` says which of
     x or y the backward needs (so the closure holds only that one).
     """
 
-    _keeps = "y"
+    #: The array the backward keeps: "y" (the output) or "x" (the input). Tools read it.
+    saves = "y"
 
     def _fn(self, x):
         raise NotImplementedError
@@ -31,7 +32,7 @@ class _Elementwise(Module):
     def vjp(self, x, input_grad: bool = True):
         x = np.asarray(x)
         y = self._fn(x)
-        saved = y if self._keeps == "y" else x
+        saved = y if self.saves == "y" else x
 
         def backward(dy):
             return self._grad(dy, saved) if input_grad else None
@@ -52,7 +53,7 @@ class ReLU(_Elementwise):
 class LeakyReLU(_Elementwise):
     """``x`` for x > 0, else ``negative_slope * x`` (default 0.01)."""
 
-    _keeps = "x"
+    saves = "x"
 
     def __init__(self, negative_slope: float = 0.01):
         super().__init__()
@@ -71,7 +72,7 @@ class LeakyReLU(_Elementwise):
 class GELU(_Elementwise):
     """``x Φ(x)`` (``approximate='none'``) or the tanh approximation (``'tanh'``)."""
 
-    _keeps = "x"
+    saves = "x"
 
     def __init__(self, approximate: str = "none"):
         super().__init__()
@@ -112,7 +113,7 @@ class Sigmoid(_Elementwise):
 class SiLU(_Elementwise):
     """``x σ(x)`` (swish)."""
 
-    _keeps = "x"
+    saves = "x"
 
     def _fn(self, x):
         return F.silu(x)
@@ -129,13 +130,18 @@ class _AlongDim(_Elementwise):
                             "is deprecated, so linearkit asks for it explicitly (usually dim=-1)")
         self.dim = int(dim)
 
-    def _axis(self, x) -> int:
-        if not -x.ndim <= self.dim < max(x.ndim, 1):
+    def check_input_shape(self, shape: tuple) -> int:
+        """The axis ``dim`` names in an input of ``shape``; the forward's ShapeError if none."""
+        ndim = len(shape)
+        if not -ndim <= self.dim < max(ndim, 1):
             from ..errors import ShapeError
 
-            raise ShapeError(f"dim={self.dim} is out of range for an input of shape {x.shape}",
-                             module=self)
+            raise ShapeError(f"dim={self.dim} is out of range for an input of shape "
+                             f"{tuple(shape)}", module=self)
         return self.dim
+
+    def _axis(self, x) -> int:
+        return self.check_input_shape(x.shape)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"

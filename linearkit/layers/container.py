@@ -57,6 +57,11 @@ class Sequential(Module):
     def __iter__(self):
         return iter(self._modules.values())
 
+    def named_steps(self) -> list[tuple[str, Module]]:
+        """``(name, module)`` of each step in call order, a module used twice listed twice
+        (``named_children`` lists it once); what tools walk to mirror ``forward``."""
+        return [(name, m) for name, m in self._modules.items() if m is not None]
+
     def append(self, module: Module) -> Sequential:
         """Add ``module`` at the end, named by its position."""
         self.add_module(str(len(self)), module)
@@ -116,10 +121,11 @@ class Residual(Module):
         super().__init__()
         self.module = module
 
-    def _check(self, x, fx) -> None:
-        if np.shape(fx) != np.shape(x):
+    def check_shapes(self, x_shape: tuple, fx_shape: tuple) -> None:
+        """Raise the forward's ShapeError unless the wrapped module kept the shape."""
+        if tuple(fx_shape) != tuple(x_shape):
             raise ShapeError(
-                f"the wrapped module maps shape {np.shape(x)} to {np.shape(fx)}; a residual "
+                f"the wrapped module maps shape {tuple(x_shape)} to {tuple(fx_shape)}; a residual "
                 "connection needs them equal",
                 module=self,
                 hint="make the inner block end with as many features as it starts with, or add "
@@ -128,12 +134,12 @@ class Residual(Module):
 
     def forward(self, x):
         fx = self.module(x)
-        self._check(x, fx)
+        self.check_shapes(np.shape(x), np.shape(fx))
         return x + fx
 
     def vjp(self, x, input_grad: bool = True):
         fx, inner = self.module.vjp(x, input_grad=input_grad)
-        self._check(x, fx)
+        self.check_shapes(np.shape(x), np.shape(fx))
 
         def backward(dy):
             dx = inner(dy)

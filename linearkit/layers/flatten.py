@@ -23,7 +23,10 @@ class Flatten(Module):
         self.start_dim = int(start_dim)
         self.end_dim = int(end_dim)
 
-    def _target(self, shape: tuple) -> tuple:
+    def output_shape(self, shape: tuple) -> tuple:
+        """The output's shape for an input of ``shape``; the forward's ShapeError if it has no
+        such dims (tools that propagate shapes without data call this)."""
+        shape = tuple(shape)
         ndim = max(len(shape), 1)
         start = self.start_dim + ndim if self.start_dim < 0 else self.start_dim
         end = self.end_dim + ndim if self.end_dim < 0 else self.end_dim
@@ -40,12 +43,12 @@ class Flatten(Module):
 
     def forward(self, x):
         x = np.asarray(x)
-        return x.reshape(self._target(x.shape))
+        return x.reshape(self.output_shape(x.shape))
 
     def vjp(self, x, input_grad: bool = True):
         x = np.asarray(x)
         shape = x.shape
-        y = x.reshape(self._target(shape))
+        y = x.reshape(self.output_shape(shape))
 
         def backward(dy):
             return dy.reshape(shape) if input_grad else None

@@ -73,11 +73,24 @@ class Linear(Module):
         if self.bias is not None:
             self.bias.data[...] = rng.uniform(-bound, bound, self.bias.shape)
 
+    @property
+    def has_bias(self) -> bool:
+        """Whether the layer adds a bias (``bias is not None``; a LazyLinear knows it before)."""
+        return self.bias is not None
+
     # ------------------------------------------------------------------ input checks
+    def check_input_shape(self, shape: tuple) -> None:
+        """Raise the ShapeError ``forward`` would raise for an input of ``shape`` (no data needed).
+
+        Tools that propagate shapes without running the model (the ledger) call this.
+        """
+        shape = tuple(shape)
+        if len(shape) == 0 or shape[-1] != self.in_features:
+            raise self._shape_error(shape)
+
     def _input(self, x) -> np.ndarray:
         x = as_input(self, x, self.weight.data.dtype)
-        if x.ndim == 0 or x.shape[-1] != self.in_features:
-            raise self._shape_error(x.shape)
+        self.check_input_shape(x.shape)
         return x
 
     def _shape_error(self, shape: tuple) -> ShapeError:
@@ -170,11 +183,21 @@ class LazyLinear(Linear):
         if rng is not None:
             self._rng = rng
 
+    @property
+    def has_bias(self) -> bool:
+        """Whether the layer will add a bias once materialized."""
+        return self._has_bias
+
+    def check_input_shape(self, shape: tuple) -> None:
+        """Raise the ShapeError ``forward`` would raise for ``shape``; any width fits until
+        materialized, only a 0-d input does not."""
+        if len(shape) == 0:
+            raise ShapeError(f"expected input of shape (*, in_features), got {tuple(shape)}",
+                             module=self, hint="a 0-d input (a scalar) has no feature dimension")
+
     def _input(self, x) -> np.ndarray:
         x = as_input(self, x, self.dtype)
-        if x.ndim == 0:
-            raise ShapeError(f"expected input of shape (*, in_features), got {x.shape}",
-                             module=self, hint="a 0-d input (a scalar) has no feature dimension")
+        self.check_input_shape(x.shape)
         self.materialize(x.shape[-1])
         return x
 

@@ -124,19 +124,23 @@ class LayerNorm(Module):
         """weight <- ones, bias <- zeros."""
         _ones_zeros(self)
 
-    def _input(self, x) -> np.ndarray:
-        x = as_input(self, x, self.dtype)
-        k = len(self.normalized_shape)
-        if x.ndim < k or x.shape[x.ndim - k:] != self.normalized_shape:
+    def check_input_shape(self, shape: tuple) -> None:
+        """Raise the ShapeError ``forward`` would raise for an input of ``shape`` (no data)."""
+        shape, k = tuple(shape), len(self.normalized_shape)
+        if len(shape) < k or shape[len(shape) - k:] != self.normalized_shape:
             dims = ", ".join(map(str, self.normalized_shape))
             hint = None
-            if k == 1 and self.normalized_shape[0] in x.shape:
-                axis = x.shape.index(self.normalized_shape[0])
+            if k == 1 and self.normalized_shape[0] in shape:
+                axis = shape.index(self.normalized_shape[0])
                 hint = (f"LayerNorm normalizes the last dimension; the size "
                         f"{self.normalized_shape[0]} is at dim {axis}: move it last with "
                         f"np.moveaxis(x, {axis}, -1)")
-            raise ShapeError(f"expected input of shape (*, {dims}), got {x.shape}",
+            raise ShapeError(f"expected input of shape (*, {dims}), got {shape}",
                              module=self, hint=hint)
+
+    def _input(self, x) -> np.ndarray:
+        x = as_input(self, x, self.dtype)
+        self.check_input_shape(x.shape)
         return x
 
     def _params(self):
