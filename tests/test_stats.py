@@ -313,3 +313,22 @@ def test_bad_arguments():
         record_stats(tiny(), batch(2, 3), loss_fn=object())
     with pytest.raises(TypeError):
         StatsRecorder("not a model")
+
+
+def test_with_an_optimizer_it_trains_exactly_as_the_library_step():
+    import copy
+
+    from linearkit.loop import step
+
+    model = tiny()
+    twin = copy.deepcopy(model)
+    x, target = batch(6, 3), np.arange(6) % 2
+    loss_fn = lk.CrossEntropyLoss()
+    report = record_stats(model, x, target, loss_fn, steps=3,
+                          optimizer=lk.optim.SGD(model.parameters(), lr=0.5))
+    opt = lk.optim.SGD(twin.parameters(), lr=0.5)
+    expected = [step(twin, loss_fn, opt, x, target) for _ in range(3)]
+    assert report.losses == expected and expected[-1] < expected[0]
+    for p, q in zip(model.parameters(), twin.parameters()):
+        np.testing.assert_array_equal(p.data, q.data)
+    assert all(r["grad_in_norm"] is not None for r in report.records if r["path"] != "0")

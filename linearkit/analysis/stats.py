@@ -63,6 +63,7 @@ from typing import Any
 
 import numpy as np
 
+from ..loop import step
 from ..module import Module
 from .stats_flags import Flag, LayerStats, find_flags
 from .stats_report import StatsReport
@@ -286,6 +287,10 @@ def record_stats(model: Module, x, target=None, loss_fn=None, steps: int = 1, *,
             for _ in range(steps):
                 for p in params:
                     p.grad = None
+                if optimizer is not None and loss_fn is not None:  # the library's training step
+                    losses.append(step(model, loss_fn, optimizer, x, target, set_to_none=True))
+                    recorder.next_step()
+                    continue
                 pred, back = model.vjp(x, input_grad=False)
                 if loss_fn is not None:
                     loss, loss_back = loss_fn.vjp(pred, target)
