@@ -1,15 +1,80 @@
-"""The ``linearkit`` command: ``train`` (the main job), ``ledger``, ``gradcheck``, ``experiment``."""
+"""The ``linearkit`` command: ``train`` (the main job), ``ledger``, ``gradcheck``, ``experiment``.
+
+Every argument is checked before any work starts. Exit status: 0 success; 1 a failed check
+(``gradcheck``) or an internal error; 2 a user error, always ONE line on stderr, never a
+traceback; 130 interrupted (Ctrl-C; no partial file is left); 141 stdout closed early
+(``linearkit ... | head -1``: the rest of the output is dropped quietly, as a tool killed by
+SIGPIPE would). An internal error (a bug in linearkit, not a mistake in the command) prints its
+traceback and a last line saying it is a bug, with status 1.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
+
+from ._args import (
+    Parser,
+    UsageError,
+    check_writable_file,
+    int_at_least,
+    positive_float,
+    shape,
+    storage_dtype,
+    threads,
+)
+from .errors import DTypeError, ShapeError
+
+#: One line on stderr, exit status 2: mistakes in what the user asked for.
+USER_ERRORS = (UsageError, ShapeError, DTypeError)
+
+
+def _json_safe(value):
+    """``value`` with every non-finite float as None (JSON has no NaN/Infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # a NumPy scalar
+        return _json_safe(value.item())
+    return value
+
+
+def _print_json(record) -> None:
+    print(json.dumps(_json_safe(record), default=str, allow_nan=False))
+
+
+def _need_cli_extra(command: str) -> None:
+    """Fail up front when the ``cli`` extra is missing (``train`` must save .safetensors)."""
+    try:
+        import safetensors.numpy  # noqa: F401
+    except ImportError:
+        raise UsageError(f"linearkit {command} saves .safetensors and needs the cli extra: "
+                         f'pip install "linearkit[cli]"') from None
 
 
 def _train(args: argparse.Namespace) -> int:
+    from .data import mnist1d
     from .io import save
     from .train import PAPER_ACCURACY, train
+
+    _need_cli_extra("train")
+    out = args.out or f"runs/mnist1d-{args.model}.safetensors"
+    check_writable_file(out)
+    data = mnist1d()
+    rows = len(data.x_train)
+    if args.batch_size > rows:
+        raise UsageError(f"argument --batch-size: {args.batch_size} is more than the {rows:,} "
+                         f"training rows (the last incomplete batch is dropped, so no batch "
+                         f"would ever come); use --batch-size {rows} or less")
+    if os.path.exists(out):
+        print(f"linearkit train: {out} exists and will be replaced when training ends "
+              f"(Ctrl-C now keeps it)", file=sys.stderr)
 
     bar = None
     progress = None
@@ -34,19 +99,21 @@ def _train(args: argparse.Namespace) -> int:
                 if test_acc is not None:
                     print(f"step {step:>6}  loss {loss:.4f}  test accuracy {test_acc:.1%}")
 
-    model, result = train(args.model, hidden=args.hidden, steps=args.steps, lr=args.lr,
-                          batch_size=args.batch_size, seed=args.seed,
-                          eval_every=args.eval_every, progress=progress,
-                          threads=None if args.threads == "default" else
-                          ("auto" if args.threads == "auto" else int(args.threads)))
-    if bar is not None:
-        bar.close()
-    out = args.out or f"runs/mnist1d-{args.model}.safetensors"
-    save(model, out, metadata={"linearkit.recipe": json.dumps(vars(args), default=str)})
+    try:
+        model, result = train(args.model, hidden=args.hidden, steps=args.steps, lr=args.lr,
+                              batch_size=args.batch_size, seed=args.seed,
+                              eval_every=args.eval_every, progress=progress, dataset=data,
+                              threads=args.threads)
+    finally:
+        if bar is not None:
+            bar.leave = not sys.exc_info()[0]  # interrupted: clear the bar, keep one line
+            bar.close()
+    recipe = {k: v for k, v in vars(args).items() if k != "run"}
+    save(model, out, metadata={"linearkit.recipe": json.dumps(recipe, default=str)})
     if args.json:
         record = {k: v for k, v in result.to_dict().items() if k != "history"}
         record["out"] = out
-        print(json.dumps(record))
+        _print_json(record)
         return 0
     print(model)
     print(f"parameters: {result.params:,}")
@@ -61,28 +128,46 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_safetensors_file(path: str) -> None:
+    """A file given to ``ledger`` must look like safetensors: an 8-byte little-endian header
+    length, then that many bytes of JSON starting with ``{``."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(9)
+    n = int.from_bytes(head[:8], "little") if len(head) >= 8 else -1
+    if len(head) < 9 or not 2 <= n <= size - 8 or head[8:9] != b"{":
+        raise UsageError(f"{path} is not a .safetensors file (no safetensors header); give a "
+                         f"file written by linearkit.save or linearkit train, or a preset")
+
+
 def _ledger(args: argparse.Namespace) -> int:
     from .analysis.ledger import PRESETS, ledger
-    from .errors import ShapeError
 
-    shape = None
-    if args.input_shape:
-        try:
-            shape = tuple(int(v) for v in args.input_shape.replace("x", ",").split(",") if v)
-        except ValueError:
-            print(f"--input-shape must be comma-separated ints like 64,784; got {args.input_shape!r}",
-                  file=sys.stderr)
-            return 2
-    elif args.model in PRESETS:
-        shape = PRESETS[args.model][1]
+    if os.path.isdir(args.model):
+        raise UsageError(f"{args.model} is a folder; give a .safetensors file or a preset "
+                         f"({', '.join(PRESETS)})")
+    if os.path.isfile(args.model):
+        _need_cli_extra("ledger FILE")
+        _check_safetensors_file(args.model)
+    elif args.model not in PRESETS:
+        raise UsageError(f"{args.model!r} is neither a file nor a preset name "
+                         f"({', '.join(PRESETS)})")
+    shape_ = args.input_shape
+    if shape_ is None and args.model in PRESETS:
+        shape_ = PRESETS[args.model][1]
     optimizer = None if args.optimizer == "none" else args.optimizer
     try:
-        report = ledger(args.model, shape, optimizer=optimizer, dtype=args.dtype)
-    except (ShapeError, KeyError, FileNotFoundError, ValueError) as exc:
-        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+        report = ledger(args.model, shape_, optimizer=optimizer, dtype=args.dtype)
+    except USER_ERRORS:
+        raise
+    except (KeyError, FileNotFoundError, ValueError) as exc:  # the ledger's checks of the input
+        raise UsageError(f"{type(exc).__name__}: {exc}") from None
+    except Exception as exc:
+        if type(exc).__module__.startswith("safetensors"):  # passed the header check, then broke
+            raise UsageError(f"{args.model} could not be read as .safetensors: {exc}") from None
+        raise
     if args.json:
-        print(json.dumps(report.to_dict(), default=str))
+        _print_json(report.to_dict())
     elif args.markdown:
         print(report.to_markdown())
     else:
@@ -91,100 +176,126 @@ def _ledger(args: argparse.Namespace) -> int:
 
 
 def _gradcheck(args: argparse.Namespace) -> int:
-    import numpy as np
+    from .analysis.selfcheck import self_check
 
-    from . import layers
-    from .analysis.gradcheck import gradcheck
-
-    rng = np.random.default_rng(0)
-    f64 = {"dtype": np.float64}
-    cases = {
-        "Linear": (layers.Linear(5, 4, **f64), (3, 5)),
-        "Linear(bias=False)": (layers.Linear(5, 4, bias=False, **f64), (2, 3, 5)),
-        "ReLU": (layers.ReLU(), (4, 6)),
-        "LeakyReLU": (layers.LeakyReLU(0.1), (4, 6)),
-        "GELU": (layers.GELU(), (4, 6)),
-        "GELU(tanh)": (layers.GELU("tanh"), (4, 6)),
-        "Tanh": (layers.Tanh(), (4, 6)),
-        "Sigmoid": (layers.Sigmoid(), (4, 6)),
-        "SiLU": (layers.SiLU(), (4, 6)),
-        "Softmax": (layers.Softmax(dim=-1), (4, 6)),
-        "LogSoftmax": (layers.LogSoftmax(dim=-1), (4, 6)),
-        "LayerNorm": (layers.LayerNorm(6, **f64), (4, 6)),
-        "BatchNorm1d": (layers.BatchNorm1d(6, **f64), (4, 6)),
-        "Flatten": (layers.Flatten(), (2, 3, 4)),
-        "Residual MLP": (layers.Sequential(
-            layers.Linear(6, 8, **f64), layers.ReLU(),
-            layers.Residual(layers.Sequential(layers.Linear(8, 8, **f64), layers.GELU())),
-            layers.Linear(8, 3, **f64)), (5, 6)),
-    }
-    failures = 0
-    for name, (module, shape) in cases.items():
-        x = rng.standard_normal(shape)
-        if "ReLU" in name:  # keep inputs away from the kink, where the derivative is undefined
-            x = np.where(np.abs(x) < 0.05, 0.5, x)
-        result = gradcheck(module, x)
-        failures += not result.ok
-        status = "ok  " if result.ok else "FAIL"
-        print(f"{status} {name:<20} max abs error {result.max_abs_error:.2e}  "
-              f"max rel error {result.max_rel_error:.2e}")
-    print(f"{len(cases) - failures} passed, {failures} failed")
-    return 1 if failures else 0
+    _, failed = self_check(print)
+    return 1 if failed else 0
 
 
 def _experiment(args: argparse.Namespace) -> int:
-    from .experiments import init_depth
+    from . import experiments
 
-    return init_depth.main(args.rest) or 0
+    return experiments.get(args.name).main(args.rest) or 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="linearkit", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    from . import __version__
+    from .experiments import EXPERIMENTS
 
-    train = commands.add_parser("train", help="train an MNIST-1D baseline (the paper's MLP by default)")
-    train.add_argument("--model", choices=["mlp", "linear"], default="mlp")
-    train.add_argument("--hidden", type=int, default=100, help="hidden width of the MLP (100)")
-    train.add_argument("--steps", type=int, default=6000)
-    train.add_argument("--lr", type=float, default=1e-2)
-    train.add_argument("--batch-size", type=int, default=100)
-    train.add_argument("--seed", type=int, default=42)
-    train.add_argument("--eval-every", type=int, default=500, help="evaluate every N steps")
-    train.add_argument("--threads", default="auto",
-                       help="BLAS threads: auto (1 for small models), a number, or default")
+    parser = Parser(prog="linearkit",
+                    description="linearkit's command line: train the MNIST-1D baselines, the "
+                                "ledger of a model, a self-check, the experiments.",
+                    epilog="exit status: 0 ok, 1 failed check or internal error, 2 usage error, "
+                           "130 interrupted")
+    parser.add_argument("--version", action="version", version=f"linearkit {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = commands.add_parser(
+        "train", help="train an MNIST-1D baseline (the paper's MLP by default)",
+        description="Train an MNIST-1D baseline of Greydanus (2020) and save its weights.")
+    train.add_argument("--model", choices=["mlp", "linear"], default="mlp",
+                       help="the residual MLP or logistic regression")
+    train.add_argument("--hidden", type=int_at_least(1), default=100,
+                       help="hidden width of the MLP")
+    train.add_argument("--steps", type=int_at_least(1), default=6000, help="optimizer steps")
+    train.add_argument("--lr", type=positive_float, default=1e-2, help="Adam learning rate")
+    train.add_argument("--batch-size", type=int_at_least(1), default=100,
+                       help="rows per step, at most the 4,000 training rows")
+    train.add_argument("--seed", type=int_at_least(0), default=42,
+                       help="seeds the weights and the batch order")
+    train.add_argument("--eval-every", type=int_at_least(0), default=500,
+                       help="evaluate every N steps (0: only at the end)")
+    train.add_argument("--threads", type=threads, default="auto",
+                       help="BLAS threads: auto (1 for small models), a number >= 1, or default "
+                            "(leave BLAS as it is)")
     train.add_argument("--out", default=None,
-                       help="where to save the weights (.safetensors); default runs/mnist1d-MODEL.safetensors")
+                       help="where to save the weights (.safetensors); default: "
+                            "runs/mnist1d-MODEL.safetensors")
     train.add_argument("--json", action="store_true",
                        help="no progress bar; print one JSON object with the results")
     train.set_defaults(run=_train)
 
     ledger = commands.add_parser(
-        "ledger", help="parameters, FLOPs, memory and redundant structure of a model, per layer")
+        "ledger", help="parameters, FLOPs, memory and redundant structure of a model, per layer",
+        description="Per-layer parameters, MACs, FLOPs, training memory and redundant "
+                    "structure of a preset or a .safetensors file.")
     ledger.add_argument("model", help="a .safetensors file or a preset: mlp-mnist, mnist1d, "
                                       "linear-4096, linear-512-256, linear-1024-4096")
-    ledger.add_argument("--input-shape", help="input shape with batch, e.g. 64,784")
+    ledger.add_argument("--input-shape", type=shape, default=None,
+                        help="input shape with batch, e.g. 64,784 (default: the preset's)")
     ledger.add_argument("--optimizer", default="adam",
-                        choices=["adam", "adamw", "sgd", "sgd-momentum", "none"])
-    ledger.add_argument("--dtype", default=None, help="storage dtype, e.g. float16 (default: the model's)")
+                        choices=["adam", "adamw", "sgd", "sgd-momentum", "none"],
+                        help="whose states count towards training memory")
+    ledger.add_argument("--dtype", type=storage_dtype, default=None,
+                        help="storage dtype, e.g. float16 (default: the model's)")
     output = ledger.add_mutually_exclusive_group()
-    output.add_argument("--markdown", action="store_true")
-    output.add_argument("--json", action="store_true")
+    output.add_argument("--markdown", action="store_true", help="print a markdown table")
+    output.add_argument("--json", action="store_true", help="print one JSON object")
     ledger.set_defaults(run=_ledger)
 
     check = commands.add_parser(
-        "gradcheck", help="self-check: every shipped module's backward vs central differences")
+        "gradcheck", help="self-check: every shipped module's backward vs central differences",
+        description="Every shipped module's backward against float64 central differences.")
     check.set_defaults(run=_gradcheck)
 
-    experiment = commands.add_parser("experiment", help="reproduce an experiment (init-depth)")
+    experiment = commands.add_parser(
+        "experiment", help="reproduce an experiment (init-depth)",
+        description="Reproduce an experiment; `linearkit experiment NAME --help` for its "
+                    "options.")
+    experiment.add_argument("name", choices=sorted(EXPERIMENTS), help="which experiment")
     experiment.add_argument("rest", nargs=argparse.REMAINDER,
-                            help="init-depth [--quick] [--out DIR]")
+                            help="the experiment's options, e.g. --quick --out-dir DIR")
     experiment.set_defaults(run=_experiment)
     return parser
 
 
+def _stdout_closed() -> int:
+    """The reader of stdout went away: drop the rest of the output quietly (exit 141)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the exit flush cannot raise again
+    except (OSError, ValueError):
+        pass
+    return 141
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.run(args)
+    """Run ``linearkit ARGV``; returns the exit status (see the module docstring)."""
+    parser = build_parser()
+    command = "linearkit"
+    try:
+        args = parser.parse_args(argv)
+        command = f"linearkit {args.command}"
+        code = args.run(args)
+        sys.stdout.flush()  # a closed pipe surfaces here, not at exit
+        return code
+    except KeyboardInterrupt:
+        print(f"{command}: interrupted; partial results were discarded", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return _stdout_closed()
+    except USER_ERRORS as exc:
+        kind = "" if isinstance(exc, UsageError) else f"{type(exc).__name__}: "
+        message = " ".join(str(exc).replace("\n  hint: ", " -- hint: ").split())
+        print(f"{command}: error: {kind}{message}", file=sys.stderr)
+        return 2
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        print(f"{command}: internal error: this is a bug in linearkit; please report it with "
+              f"the command line and the traceback above", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover
