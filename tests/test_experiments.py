@@ -134,3 +134,65 @@ def test_experiments_registry():
     with pytest.raises(ValueError, match="unknown experiment"):
         experiments.get("nope")
     assert experiments.main([]) == 2
+
+
+def test_default_output_is_runs_not_docs(tmp_path, monkeypatch):
+    assert E.DEFAULT_OUT_DIR == "runs/init-depth".replace("/", __import__("os").sep)
+    seen = {}
+    monkeypatch.setattr(E, "run", lambda out_dir, **kw: seen.update(out_dir=out_dir, **kw))
+    monkeypatch.chdir(tmp_path)
+    assert E.main(["--quick"]) == 0
+    assert seen["out_dir"] == E.DEFAULT_OUT_DIR and seen["write"] is True
+    assert list(tmp_path.iterdir()) == []  # the write check leaves nothing behind
+    assert E.main(["--out-dir", str(tmp_path / "mine")]) == 0
+    assert seen["out_dir"] == str(tmp_path / "mine") and seen["quick"] is False
+    # The repository's docs/ only when asked.
+    assert E.main(["--write-docs"]) == 0
+    assert seen["out_dir"] == E.repo_docs() and (E.repo_docs() / "init_experiment.md").is_file()
+
+
+def test_run_defaults_to_runs_folder():
+    import inspect
+
+    from linearkit.experiments import init_depth
+
+    assert inspect.signature(init_depth.run).parameters["out_dir"].default == E.DEFAULT_OUT_DIR
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--quick", "--write-docs"], ["--write-docs", "--quick"]),
+    (["--write-docs", "--out-dir", "x"], ["--write-docs chooses the folder"]),
+    (["--write-docs", "--no-write"], ["--write-docs chooses the folder"]),
+    (["--epochs", "0"], ["--epochs", "must be >= 1"]),
+    (["--seed", "-2"], ["--seed", "must be >= 0"]),
+])
+def test_main_rejects_bad_options_in_one_line(argv, words, capsys, monkeypatch):
+    monkeypatch.setattr(E, "run", lambda *a, **k: pytest.fail("ran despite a bad option"))
+    with pytest.raises(SystemExit) as info:
+        E.main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1
+    for word in words:
+        assert word in err
+
+
+def test_missing_matplotlib_is_caught_before_training_and_names_the_cli_flag(
+        tmp_path, capsys, monkeypatch):
+    import sys
+
+    def hide_matplotlib():  # every `import matplotlib...` raises ImportError, loaded or not
+        for name in [m for m in sys.modules if m.split(".")[0] == "matplotlib"] + ["matplotlib"]:
+            monkeypatch.setitem(sys.modules, name, None)
+
+    hide_matplotlib()
+    monkeypatch.setattr(E, "run", lambda *a, **k: pytest.fail("trained without matplotlib"))
+    with pytest.raises(SystemExit) as info:
+        E.main(["--quick", "--out-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1
+    assert 'pip install "linearkit[plot]"' in err and "--no-write" in err
+    assert "write=False" not in err  # the Python argument is not the CLI's hint
+    with pytest.raises(ImportError, match="--no-write"):  # the plots' own hint names it too
+        from linearkit.experiments.init_depth_plots import _figure
+
+        _figure(1, 1, (2, 2))

@@ -4,7 +4,8 @@
 
 - ``init-depth`` (:mod:`linearkit.experiments.init_depth`): a deep ReLU MLP (width 256, depth
   8 and 16) trained with constant-small, Xavier, Kaiming and PyTorch's default init on MNIST-1D
-  and on a synthetic 128-dimensional task; writes ``docs/init_experiment.md`` and its plots.
+  and on a synthetic 128-dimensional task; writes ``init_experiment.md`` and its plots to
+  ``runs/init-depth/`` (``--out-dir DIR``; ``--write-docs`` regenerates the repository's docs/).
 
 Experiment modules import matplotlib only when they draw, and are imported only when run.
 """
@@ -34,7 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    usage = "usage: linearkit experiment {" + ",".join(sorted(EXPERIMENTS)) + "} [options]"
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: linearkit experiment {" + ",".join(sorted(EXPERIMENTS)) + "} [options]")
+        print(usage, file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
+    if argv[0] not in EXPERIMENTS:
+        print(f"linearkit experiment: error: unknown experiment {argv[0]!r}; available: "
+              f"{', '.join(sorted(EXPERIMENTS))}", file=sys.stderr)
+        return 2
     return get(argv[0]).main(argv[1:])

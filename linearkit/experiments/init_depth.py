@@ -45,11 +45,12 @@ page it writes is put together by :mod:`.init_depth_page` from the verdicts of
 
 from __future__ import annotations
 
-import argparse
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -68,6 +69,9 @@ INITS = {
 
 #: Cross-entropy of a uniform guess over the 10 classes (ln 10): "at chance".
 CHANCE = math.log(10)
+
+#: Where the page and plots go unless told otherwise (``--write-docs`` regenerates docs/).
+DEFAULT_OUT_DIR = os.path.join("runs", "init-depth")
 
 
 @dataclass(frozen=True)
@@ -182,13 +186,12 @@ class Run:
         return self.train_loss[-1]
 
 
-def _evaluate(model, loss_fn, x, y, batch: int = 1000) -> tuple[float, float]:
-    total, correct = 0.0, 0
-    for i in range(0, len(x), batch):
-        pred = model(x[i:i + batch])
-        total += float(loss_fn(pred, y[i:i + batch])) * len(pred)
-        correct += int(np.count_nonzero(pred.argmax(axis=1) == y[i:i + batch]))
-    return total / len(x), correct / len(x)
+def _evaluate(model, loss_fn, x, y) -> tuple[float, float]:
+    """``(loss, accuracy)`` on ``(x, y)``: :func:`linearkit.loop.evaluate`, batches of 1,000."""
+    from ..loop import evaluate
+
+    got = evaluate(model, x, y, batch_size=1000, loss_fn=loss_fn)
+    return got["loss"], got["accuracy"]
 
 
 def relu_second_moments(report) -> tuple[list, list[float]]:
@@ -216,6 +219,7 @@ def train_one(task: str, depth: int, init: str, data, config: Config,
     """
     from ..analysis.stats import record_stats
     from ..data import DataLoader
+    from ..loop import step
     from ..losses import CrossEntropyLoss
     from ..optim import SGD, Adam
 
@@ -241,11 +245,7 @@ def train_one(task: str, depth: int, init: str, data, config: Config,
             if diverged:
                 break
             for xb, yb in loader:
-                pred, back = model.vjp(xb, input_grad=False)
-                _, loss_back = loss_fn.vjp(pred, yb)
-                back(loss_back())
-                opt.step()
-                opt.zero_grad()
+                step(model, loss_fn, opt, xb, yb, set_to_none=True)
             losses.append(_evaluate(model, loss_fn, xtr, ytr)[0])
             diverged = not math.isfinite(losses[-1])
         test_loss, test_acc = _evaluate(model, loss_fn, xte, yte)
@@ -309,16 +309,18 @@ class Result:
         return text
 
 
-def run(out_dir="docs", quick: bool = False, seed: int = 0, *, config: Config | None = None,
-        write: bool = True, verbose: bool = True) -> Result:
+def run(out_dir=DEFAULT_OUT_DIR, quick: bool = False, seed: int = 0, *,
+        config: Config | None = None, write: bool = True, verbose: bool = True) -> Result:
     """Train every (task, depth, init), print the table, write the markdown page and plots.
 
     Parameters
     ----------
     out_dir : path
         Where ``init_experiment.md``, ``init_experiment.png`` (loss curves) and
-        ``init_experiment_stats.png`` (per-layer statistics at init) go. A quick run writes
-        ``init_experiment_quick*`` instead, so it never overwrites the real page.
+        ``init_experiment_stats.png`` (per-layer statistics at init) go; default
+        ``runs/init-depth`` (the repository's ``docs/`` only when asked: ``--write-docs``). A
+        quick run writes ``init_experiment_quick*`` instead, so it never overwrites the real
+        page.
     quick : bool
         The smoke version (``Config.quick()``): every row, a few seconds.
     seed : int
@@ -375,32 +377,68 @@ def run(out_dir="docs", quick: bool = False, seed: int = 0, *, config: Config | 
 
 
 # ---------------------------------------------------------------------------- CLI
+def repo_docs() -> Path | None:
+    """The ``docs/`` folder of the source checkout linearkit runs from, or None (installed)."""
+    root = Path(__file__).resolve().parents[2]
+    docs = root / "docs"
+    return docs if (root / "pyproject.toml").is_file() and docs.is_dir() else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``linearkit experiment init-depth [--quick] [--out DIR] [--seed N] [--epochs N]``."""
-    parser = argparse.ArgumentParser(
+    """``linearkit experiment init-depth [--quick] [--out-dir DIR | --write-docs | --no-write]
+    [--seed N] [--epochs N]``. Every argument is checked before training; a mistake is one line
+    on stderr and exit status 2."""
+    from .._args import Parser, UsageError, check_writable_dir, int_at_least
+
+    parser = Parser(
         prog="linearkit experiment init-depth",
         description="Train a deep ReLU MLP (width 256, depth 8 and 16) with constant-small, "
                     "Xavier, Kaiming and PyTorch-default init on MNIST-1D and a synthetic "
                     "128-d task; print the table and write the markdown page and plots.")
     parser.add_argument("--quick", action="store_true",
                         help="tiny smoke version (seconds); writes init_experiment_quick.*")
-    parser.add_argument("--out", default="docs", metavar="DIR",
-                        help="folder for the page and plots (default: docs)")
-    parser.add_argument("--seed", type=int, default=0, help="weights and batch order (default 0)")
-    parser.add_argument("--epochs", type=int, default=None,
-                        help="override the number of epochs (default 10; 3 with --quick)")
+    parser.add_argument("--out-dir", "--out", dest="out_dir", default=None, metavar="DIR",
+                        help=f"folder for the page and plots (default: {DEFAULT_OUT_DIR})")
+    parser.add_argument("--write-docs", action="store_true",
+                        help="regenerate the repository's docs/init_experiment.* instead (the "
+                             "full run only, from a source checkout)")
     parser.add_argument("--no-write", action="store_true", help="print the table only")
+    parser.add_argument("--seed", type=int_at_least(0), default=0,
+                        help="weights and batch order")
+    parser.add_argument("--epochs", type=int_at_least(1), default=None,
+                        help="override the number of epochs (default: 10; 3 with --quick)")
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["init-depth"]:  # called with the experiment's name still in front
         argv = argv[1:]
     args = parser.parse_args(argv)
+    out_dir = DEFAULT_OUT_DIR if args.out_dir is None else args.out_dir
+    write = not args.no_write
+    try:
+        if args.write_docs:
+            if args.out_dir is not None or args.no_write:
+                raise UsageError("--write-docs chooses the folder (the repository's docs/); "
+                                 "drop --out-dir/--no-write, or drop --write-docs")
+            if args.quick:
+                raise UsageError("--write-docs regenerates the real page; a --quick run goes to "
+                                 "--out-dir DIR instead")
+            out_dir = repo_docs()
+            if out_dir is None:
+                raise UsageError("--write-docs needs a source checkout of linearkit (found no "
+                                 "docs/ beside pyproject.toml); use --out-dir DIR")
+        if write:
+            check_writable_dir(str(out_dir))
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                raise UsageError('the page\'s plots need matplotlib: pip install "linearkit[plot]",'
+                                 " or pass --no-write to print the table only") from None
+    except UsageError as exc:
+        parser.error(str(exc))
     config = None
     if args.epochs is not None:
-        if args.epochs < 1:
-            parser.error("--epochs must be >= 1")
         base = Config.quick(args.seed) if args.quick else Config(seed=args.seed)
         config = replace(base, epochs=args.epochs)
-    run(args.out, quick=args.quick, seed=args.seed, config=config, write=not args.no_write)
+    run(out_dir, quick=args.quick, seed=args.seed, config=config, write=write)
     return 0
 
 

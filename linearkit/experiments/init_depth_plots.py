@@ -26,7 +26,8 @@ _STYLES = {"small": {"lw": 5, "alpha": 0.45, "zorder": 1},
 
 def _figure(rows: int, cols: int, size):
     fig = agg_figure(size, "the init experiment's plots need matplotlib: pip install "
-                           "'linearkit[plot]' (or run(write=False))")
+                           "\"linearkit[plot]\" (or skip the page and plots: "
+                           "`linearkit experiment init-depth --no-write`, or run(write=False))")
     return fig, fig.subplots(rows, cols, squeeze=False)
 
 
