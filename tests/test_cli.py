@@ -315,3 +315,22 @@ def test_an_internal_error_is_shown_as_a_bug_with_its_traceback(monkeypatch, cap
     assert "Traceback" in err and "RuntimeError: an invariant broke" in err
     assert err.splitlines()[-1].endswith("this is a bug in linearkit; please report it with the "
                                          "command line and the traceback above")
+
+
+def _readme_python_blocks():
+    text = README.read_text(encoding="utf-8")
+    return [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
+
+
+def test_readme_snippets_run(tmp_path, monkeypatch, capsys):
+    blocks = _readme_python_blocks()
+    assert len(blocks) == 2 and "lk.load(" in blocks[1]
+    exec(compile(blocks[0], "README.md: a training step", "exec"), {})
+    # "Load saved weights back", on the file the README's first command writes.
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--steps", "50", "--eval-every", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert "weights saved to runs/mnist1d-mlp.safetensors" in printed
+    exec(compile(blocks[1], "README.md: load saved weights back", "exec"), {})
+    shown = float(capsys.readouterr().out)
+    assert f"test accuracy:  {shown:.1%}" in printed
