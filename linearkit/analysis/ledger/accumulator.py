@@ -22,7 +22,9 @@ class Acc:
         self.param_owner: dict[int, str] = {}
         self.kept: set = set()
         self.cost = {"macs": 0, "gemm": 0, "bias": 0, "elem": 0, "bwd_macs": 0, "bwd": 0}
-        self.unaccounted: list[str] = []
+        self.unaccounted: list[str] = []  # paths of rows whose FLOPs no rule gives
+        self.unsaved: list[str] = []  # paths of rows whose saved arrays no rule gives
+        self.containers: set[int] = set()  # rows that sum their children (not leaves)
         self.chains: list[tuple] = []  # (Sequential row, its children's rows), for findings
         self.linear_weights: dict[int, np.ndarray] = {}  # row index -> weight (for findings)
         self.notes: list[str] = []

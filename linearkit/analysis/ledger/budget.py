@@ -17,6 +17,10 @@ __all__ = ["OPTIMIZER_STATES", "finish"]
 OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "sgd-momentum": 1, "sgd": 0}
 
 
+def _paths(paths) -> str:
+    return ", ".join(p or "(model)" for p in paths)
+
+
 def finish(acc, sizes, source, name, shape, optimizer, master_dtype, rank_check, notes):
     """Totals, the memory budget and the findings, common to every source."""
     root = acc.rows[0]
@@ -40,7 +44,8 @@ def finish(acc, sizes, source, name, shape, optimizer, master_dtype, rank_check,
               "activations": activations}
     memory["total"] = memory["training_state"] + sizes["buffers"] + (activations or 0)
     c = acc.cost
-    leaf = [r for r in acc.rows if r.kind not in ("sequential", "residual", "container", "custom")]
+    leaf = [r for n, r in enumerate(acc.rows) if n not in acc.containers
+            and r.kind not in ("sequential", "residual", "container", "custom")]
     totals = {
         "params": params, "trainable_params": trainable,
         "macs": c["macs"], "flops": c["gemm"] + c["bias"] + c["elem"], "gemm_flops": c["gemm"],
@@ -58,8 +63,11 @@ def finish(acc, sizes, source, name, shape, optimizer, master_dtype, rank_check,
             r.macs = r.flops = r.backward_macs = r.backward_flops = None
     notes = list(notes) + acc.notes
     if acc.unaccounted:
-        notes.append(f"no FLOP rule for {', '.join(acc.unaccounted)}: their FLOPs are missing "
+        notes.append(f"no FLOP rule for {_paths(acc.unaccounted)}: their FLOPs are missing "
                      "from the totals.")
+    if acc.unsaved and training and graph:
+        notes.append(f"no saved-array rule for {_paths(acc.unsaved)}: what their backward "
+                     "keeps is missing from the activations.")
     if master_bytes:
         notes.append(f"mixed precision: {master.name} master weights and optimizer states, "
                      f"{sizes['store']} weights and grads.")

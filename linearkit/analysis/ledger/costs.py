@@ -1,30 +1,23 @@
-"""The ledger's cost rules: MACs and forward/backward FLOPs of each kind of layer.
+"""The ledger's counting conventions, as printed with every table.
 
-Every rule returns the same 6-tuple, ``(macs, gemm_flops, bias_flops, elementwise_flops,
-backward_macs, backward_flops)``, which ``Acc.add_cost`` adds to a row and to the totals. The
-rules read only attributes that linearkit and PyTorch layers share (``in_features``, ``weight``,
-``bias``, ``requires_grad``, ``training``, ``p``, ``running_var``), so both paths use them.
+The formulas themselves live with the layer rules (``linearkit.rules.costs``), which both the
+linearkit and the PyTorch path cost with; they are re-exported here.
 """
 
 from __future__ import annotations
 
-import math
+from ...rules.costs import (
+    ELEMENTWISE_FLOPS,
+    ZERO,
+    elementwise_cost,
+    lead,
+    linear_cost,
+    norm_cost,
+    norm_module_cost,
+)
 
-__all__ = ["CONVENTIONS", "ELEMENTWISE_FLOPS", "ZERO", "elementwise_cost", "kind_cost", "lead",
-           "linear_cost", "norm_cost", "norm_module_cost"]
-
-#: Nominal (forward, backward) FLOPs per element for the non-GEMM layers. No standard exists
-#: (fvcore and thop ignore these layers, ptflops counts 1 per element); a transcendental
-#: function (exp, tanh, erf) counts as one FLOP. Backward counts only the input gradient.
-ELEMENTWISE_FLOPS = {
-    "ReLU": (1, 1), "LeakyReLU": (2, 2), "Tanh": (1, 3), "Sigmoid": (3, 3), "SiLU": (4, 6),
-    "GELU": (5, 8), "Softmax": (4, 4), "LogSoftmax": (4, 4), "Dropout": (1, 1),
-    "Residual": (1, 1),
-    # Normalization: statistics and normalizing 5/elt (mean, subtract, square, sum, scale), +1
-    # each for weight and bias; backward dx 7/elt (+1 with a weight), dweight 2, dbias 1.
-    # In eval mode BatchNorm is a per-channel scale and shift: 2/elt forward, 1 backward.
-    "norm": (5, 7), "norm-eval": (2, 1),
-}
+__all__ = ["CONVENTIONS", "ELEMENTWISE_FLOPS", "ZERO", "elementwise_cost", "lead", "linear_cost",
+           "norm_cost", "norm_module_cost"]
 
 CONVENTIONS = (
     "MACs = multiply-adds of the matmuls (Linear: B*in*out, B = product of the leading dims). "
@@ -36,67 +29,3 @@ CONVENTIONS = (
     "fvcore/thop 'FLOPs' = MACs. Saved = bytes the backward closures hold for this batch, "
     "each array once, parameters excluded."
 )
-
-#: The cost of a layer without arithmetic (Flatten, Identity, a container's own share).
-ZERO = (0,) * 6
-
-
-def lead(shape: tuple) -> int:
-    """B: the product of the leading dimensions (1 for a 1-D input)."""
-    return math.prod(shape[:-1])
-
-
-def linear_cost(B, n_in, n_out, bias, need_dx, w_grad, b_grad):
-    """(macs, gemm, bias, elementwise, bwd_macs, bwd_flops) of a Linear on B rows."""
-    macs = B * n_in * n_out
-    bias_flops = B * n_out if bias else 0
-    bwd_macs = macs * (int(need_dx) + int(w_grad))
-    return macs, 2 * macs, bias_flops, 0, bwd_macs, 2 * bwd_macs + (B * n_out if b_grad else 0)
-
-
-def norm_cost(numel, affine_w, affine_b, need_dx, w_grad, b_grad, eval_mode=False):
-    """The cost of a LayerNorm / BatchNorm1d on ``numel`` elements (see ELEMENTWISE_FLOPS)."""
-    fwd, bwd = ELEMENTWISE_FLOPS["norm-eval" if eval_mode else "norm"]
-    f = numel * (fwd + int(affine_w) + int(affine_b))
-    b = numel * (bwd + int(affine_w)) if need_dx else 0
-    b += numel * (2 if w_grad else 0) + numel * (1 if b_grad else 0)
-    return 0, 0, 0, f, 0, b
-
-
-def norm_module_cost(m, numel, need_dx, eval_mode=False):
-    """``norm_cost`` with the affine flags read from the module's ``weight`` and ``bias``."""
-    w, b = m.weight, m.bias
-    return norm_cost(numel, w is not None, b is not None, need_dx,
-                     w is not None and w.requires_grad, b is not None and b.requires_grad,
-                     eval_mode=eval_mode)
-
-
-def elementwise_cost(name, numel, need_dx):
-    """The cost of an elementwise layer ``name`` (a key of ELEMENTWISE_FLOPS)."""
-    fwd, bwd = ELEMENTWISE_FLOPS[name]
-    return 0, 0, 0, numel * fwd, 0, numel * bwd if need_dx else 0
-
-
-def kind_cost(m, kind, xs, need_dx):
-    """The cost of module ``m`` of ``kind`` on an input of shape ``xs``; None: no rule for it.
-
-    ``kind`` is the row kind: 'linear', 'activation', 'dropout', 'residual', 'layernorm',
-    'batchnorm', or one of the arithmetic-free 'flatten', 'identity', 'sequential', 'container'.
-    """
-    numel = math.prod(xs)
-    if kind == "linear":
-        bias = m.bias is not None
-        return linear_cost(lead(xs), m.in_features, m.out_features, bias, need_dx,
-                           m.weight.requires_grad, bias and m.bias.requires_grad)
-    if kind == "activation":
-        return elementwise_cost(type(m).__name__, numel, need_dx)
-    if kind == "dropout":
-        return elementwise_cost("Dropout", numel, need_dx) if m.training and m.p else ZERO
-    if kind == "residual":
-        return elementwise_cost("Residual", numel, need_dx)
-    if kind in ("layernorm", "batchnorm"):
-        ev = kind == "batchnorm" and not m.training and m.running_var is not None
-        return norm_module_cost(m, numel, need_dx, eval_mode=ev)
-    if kind in ("flatten", "identity", "sequential", "container"):
-        return ZERO
-    return None

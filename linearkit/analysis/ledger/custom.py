@@ -1,8 +1,9 @@
 """The ledger's fallback for a linearkit module type it has no rule for: run it once, for real.
 
-The module's ``vjp`` runs on a copy, on zeros; calls of known layers inside are recorded (and
-costed by their rules), and the bytes the returned backward closure holds are measured by walking
-the closure. The model is left exactly as it was.
+The module's ``vjp`` runs on a copy, on zeros; the calls of known layers inside are observed
+through call hooks (``linearkit.hooks.observe``) and costed by their rules, and the bytes the
+returned backward closure holds are measured by walking the closure. The model is left exactly
+as it was.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ import copy
 
 import numpy as np
 
+from ... import hooks
 from ...errors import _Located
-from ...layers import Linear
 from ...module import Module, Parameter
-from .linearkit_layers import describe, layer_cost, linear_info
+from .linearkit_layers import add_note, describe, fill_row, rule_for
 
 __all__ = ["run_custom"]
 
@@ -34,20 +35,19 @@ def run_custom(lpass, m, i, path, x, need, depth):
     row.kind = "custom"
     memo = {id(p): p for p in m.parameters()}
     clone = copy.deepcopy(m, memo)
-    records, originals = [], dict(m.named_modules())
+    originals = dict(m.named_modules())
     dtype = next((p.dtype for p in m.parameters()), np.dtype(np.float32))
-    for sub_path, sub in clone.named_modules():
-        if sub is not clone:
-            _record(sub, sub_path, records)
     gen = lk_random.default_generator()
     state = gen.bit_generator.state
     x0 = np.zeros(x.shape, dtype)
+    records, observed = _recorder(clone)
     try:
-        try:
-            y, back = clone.vjp(x0, input_grad=need)
-        except NotImplementedError:
-            back, y = None, clone(x0)
-            row.note = "no vjp(): forward only"
+        with observed:
+            try:
+                y, back = clone.vjp(x0, input_grad=need)
+            except NotImplementedError:
+                back, y = None, clone(x0)
+                row.note = "no vjp(): forward only"
     except _Located as err:
         sub_path = next((p for p, s in clone.named_modules() if s is err.module), None)
         if sub_path is not None:
@@ -61,56 +61,58 @@ def run_custom(lpass, m, i, path, x, need, depth):
         orig = originals[sub_path]
         if ys is None:
             continue
-        cost = layer_cost(orig, xs, ig)
+        rule = rule_for(orig)
         if any(True for _ in orig.children()):  # containers: only their own arithmetic
-            if cost is not None:
-                acc.add_cost(i, cost)
+            if rule is not None and rule.cost is not None:
+                acc.add_cost(i, rule.cost(orig, xs, ig))
             continue
         full = f"{path}.{sub_path}" if path else sub_path
-        if cost is None:
+        if rule is None or rule.cost is None:
             acc.unaccounted.append(full)
             continue
-        j = acc.row(full, describe(orig), depth + 1 + sub_path.count("."),
-                    kind="linear" if isinstance(orig, Linear) else "layer", input_shape=xs,
+        j = acc.row(full, describe(orig, rule), depth + 1 + sub_path.count("."), input_shape=xs,
                     output_shape=ys, output_bytes=lpass.nbytes(ys),
                     note="saved bytes counted at the custom parent")
-        if isinstance(orig, Linear):
-            acc.rows[j].info = linear_info(orig)
-            acc.linear_weights[j] = orig.weight.data
         acc.own_params(j, lpass.params_of(orig))
-        acc.add_cost(j, cost)
+        fill_row(acc, j, rule, orig, xs, ig)  # no keys: the parent's closure is measured
         acc.roll_up(i, [j])
     acc.own_params(i, [(id(p), p.numel(), p.requires_grad) for p in m.parameters()
                        if id(p) not in acc.param_owner])  # those no recorded layer owns
+    if any(acc.param_owner.get(id(p)) == path for p in m.parameters()):
+        # parameters no recorded layer uses: arithmetic of its own, which no rule counts
+        acc.unaccounted.append(path)
+        add_note(row, f"own FLOPs unknown: no rule for {type(m).__name__}")
     if back is not None:
         exclude = {id(p.data) for p in m.parameters()} | {id(b) for b in m.buffers()}
         ratio = lpass.itemsize / dtype.itemsize
         for arr in _closure_arrays(back, exclude):
             key = x.key if arr is x0 else ("custom", i, id(arr))
             acc.keep(i, key, int(arr.nbytes * ratio))
-    row.note = (row.note + "; " if row.note else "") + "custom module: run once on zeros"
+    add_note(row, "custom module: run once on zeros")
     return y.shape, (x.key if y is x0 else None)
 
 
-def _record(sub, sub_path, records):
-    """Record each call of ``sub`` (pre-order: the entry is made before the call runs)."""
-    orig_vjp, orig_fwd = sub.vjp, sub.forward
+def _recorder(clone):
+    """Records of each call of a module inside ``clone`` (pre-order: an entry is made before
+    the call runs) and the ``observe`` context that makes them, through call hooks."""
+    paths = {id(sub): p for p, sub in clone.named_modules() if sub is not clone}
+    records, open_calls = [], []
 
-    def call(method, x, need, args, kwargs):
-        rec = {"path": sub_path, "x": np.shape(x), "y": None, "need": need}
+    def pre(mod, args, kwargs):
+        if id(mod) not in paths:
+            return
+        x = args[0] if args else next((v for k, v in kwargs.items() if k != "input_grad"), None)
+        # Under vjp() the hooks' kwargs hold input_grad; under module(x) they are empty.
+        rec = {"path": paths[id(mod)], "x": np.shape(x), "y": None,
+               "need": bool(kwargs.get("input_grad", False))}
         records.append(rec)
-        out = method(x, *args, **kwargs)
-        rec["y"] = np.shape(out[0] if method is orig_vjp else out)
-        return out
+        open_calls.append(rec)
 
-    def vjp(x, input_grad=True, *args, **kwargs):
-        return call(orig_vjp, x, input_grad, (input_grad,) + args, kwargs)
+    def post(mod, args, kwargs, out):
+        if id(mod) in paths:
+            open_calls.pop()["y"] = np.shape(out)
 
-    def forward(x, *args, **kwargs):
-        return call(orig_fwd, x, False, args, kwargs)
-
-    object.__setattr__(sub, "vjp", vjp)
-    object.__setattr__(sub, "forward", forward)
+    return records, hooks.observe(clone, forward_pre=pre, forward=post, with_kwargs=True)
 
 
 def _closure_arrays(fn, exclude=frozenset()) -> list[np.ndarray]:

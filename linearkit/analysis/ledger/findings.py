@@ -91,8 +91,9 @@ def _pairs(rows, flat):
         between = []
         for b in flat[n + 1:]:
             r = rows[b]
-            passthrough = r.kind in ("identity", "dropout") or (
-                r.kind == "flatten" and r.input_shape == r.output_shape)
+            passthrough = r.kind in ("identity", "dropout") or (  # a Flatten that keeps the
+                r.kind == "flatten" and r.input_shape is not None  # shape (known only with
+                and r.input_shape == r.output_shape)  # an input shape)
             if not passthrough:
                 yield a, b, between
                 break

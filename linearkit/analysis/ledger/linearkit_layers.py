@@ -1,69 +1,58 @@
-"""What the ledger knows about each linearkit layer type: its type text, row kind and cost."""
+"""What the ledger knows about a linearkit layer: its rule (``linearkit.rules``), put on a row.
+
+The ledger keeps no per-layer knowledge of its own: the kind, the type text, the cost, the saved
+arrays and the findings' inputs all come from ``rule_for(module)``.
+"""
 
 from __future__ import annotations
 
-from ...layers import (
-    GELU,
-    BatchNorm1d,
-    Dropout,
-    Flatten,
-    Identity,
-    LayerNorm,
-    LeakyReLU,
-    Linear,
-    LogSoftmax,
-    ReLU,
-    Residual,
-    Sequential,
-    Sigmoid,
-    SiLU,
-    Softmax,
-    Tanh,
-)
-from ...layers.container import trains
-from .costs import kind_cost
-from .report import linear_text
+from ...rules import LayerRule, rule_for
 
-__all__ = ["ACTIVATIONS", "describe", "kind_of", "layer_cost", "linear_info", "trains"]
-
-ACTIVATIONS = (ReLU, LeakyReLU, GELU, Tanh, Sigmoid, SiLU, Softmax, LogSoftmax)
-
-# The row kind of each layer type with a cost rule, most specific first.
-_KINDS = ((Linear, "linear"), (ACTIVATIONS, "activation"), (Dropout, "dropout"),
-          (Flatten, "flatten"), (Identity, "identity"), (Sequential, "sequential"),
-          (Residual, "residual"), (LayerNorm, "layernorm"), (BatchNorm1d, "batchnorm"))
+__all__ = ["add_note", "describe", "fill_row", "rule_for"]
 
 
-def describe(m) -> str:
-    """Compact type: 'Linear(784, 256)', 'LayerNorm((256,))', 'Dropout(p=0.1)'."""
-    if isinstance(m, Linear):
-        if m.in_features is None:
-            bias = "" if m._has_bias else ", bias=False"
-            return f"LazyLinear(?, {m.out_features}{bias})"
-        return linear_text(m.in_features, m.out_features, m.bias is not None)
-    if isinstance(m, LayerNorm):
-        return f"LayerNorm({m.normalized_shape})"
-    if isinstance(m, BatchNorm1d):
-        return f"BatchNorm1d({m.num_features})"
-    if isinstance(m, Dropout):
-        return f"Dropout(p={m.p})"
-    if isinstance(m, Softmax | LogSoftmax):
-        return f"{type(m).__name__}(dim={m.dim})"
-    return type(m).__name__
+def describe(m, rule: LayerRule | None = None) -> str:
+    """Compact type: 'Linear(784, 256)', 'LayerNorm((256,))'; the class name without a rule."""
+    rule = rule if rule is not None else rule_for(m)
+    return type(m).__name__ if rule is None else rule.describe_module(m)
 
 
-def kind_of(m) -> str | None:
-    """The row kind of a layer the ledger has a cost rule for; None for any other module."""
-    return next((kind for types, kind in _KINDS if isinstance(m, types)), None)
+def add_note(row, note: str) -> None:
+    if note:
+        row.note = f"{row.note}; {note}" if row.note else note
 
 
-def layer_cost(m, xs, need):
-    """The cost of layer ``m`` on an input of shape ``xs`` (see ``costs``); None: no rule."""
-    kind = kind_of(m)
-    return None if kind is None else kind_cost(m, kind, xs, need)
+def fill_row(acc, i: int, rule: LayerRule, m, in_shape, need_dx: bool, keys=None) -> None:
+    """Put what ``rule`` says about ``m`` on row ``i`` of ``acc``.
 
-
-def linear_info(m: Linear) -> dict:
-    """A materialized Linear's sizes, kept on its row for the findings."""
-    return {"in": m.in_features, "out": m.out_features, "bias": m.bias is not None,
-            "lazy": False}
+    Always the kind, the findings' info and weight and the note; with an input shape also the
+    cost and, when ``keys`` is given (``{'input': key, 'output': key}``: the buffer keys of the
+    call's input and output), the arrays the backward keeps, each counted once over the model.
+    A rule without a cost or saved rule is recorded as unaccounted.
+    """
+    row = acc.rows[i]
+    row.kind = rule.kind
+    if rule.info is not None:
+        row.info = dict(rule.info(m, in_shape))
+    if rule.weight is not None:
+        w = rule.weight(m)
+        if w is not None:
+            acc.linear_weights[i] = w
+    if rule.note is not None:
+        add_note(row, rule.note(m, in_shape))
+    if in_shape is None:
+        return
+    if rule.cost is None:
+        acc.unaccounted.append(row.path)
+    else:
+        acc.add_cost(i, rule.cost(m, in_shape, need_dx))
+    if keys is None:
+        return
+    saved = None if rule.saved is None else rule.saved(m, in_shape, need_dx)
+    if saved is None:
+        acc.unsaved.append(row.path)
+        return
+    if row.saved_bytes is None:
+        row.saved_bytes = 0
+    for what, numel in saved:
+        acc.keep(i, keys.get(what, (what, i)), int(numel) * acc.itemsize)

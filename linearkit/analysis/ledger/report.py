@@ -8,6 +8,7 @@ import textwrap
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ...rules.builtin import linear_text  # the type column of a Linear, as its rule writes it
 from .costs import CONVENTIONS
 
 __all__ = ["Finding", "Ledger", "Row", "human_bytes", "linear_text"]
@@ -71,11 +72,6 @@ def human_bytes(n: int | None) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f} {unit}" if unit == "GiB" else f"{n / scale:.1f} {unit}"
     return f"{n} B"
-
-
-def linear_text(n_in, n_out, bias: bool) -> str:
-    """The type column of a Linear: 'Linear(784, 256)', 'Linear(784, 256, bias=False)'."""
-    return f"Linear({n_in}, {n_out}" + ("" if bias else ", bias=False") + ")"
 
 
 def _num(v) -> str:

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import copy
 
+from ... import layers
 from ...errors import ShapeError
+from ...rules import rule_for
 from .accumulator import Acc
-from .costs import ELEMENTWISE_FLOPS, kind_cost
+from .costs import ELEMENTWISE_FLOPS
 from .report import linear_text
 
 __all__ = ["torch_pass"]
@@ -56,6 +58,23 @@ def _describe(m, nn) -> tuple[str, str]:
     if name in ELEMENTWISE_FLOPS and type(m).__module__.startswith("torch.nn"):
         return name, "activation"
     return name, "container" if any(True for _ in m.children()) else "unknown"
+
+
+# The linearkit twin whose rule costs a torch module of each kind (an activation's twin has its
+# class name). The rules' costs read only attributes both share: in_features, weight, bias,
+# requires_grad, training, p, running_mean/var.
+_TWINS = {"linear": layers.Linear, "layernorm": layers.LayerNorm,
+          "batchnorm": layers.BatchNorm1d, "dropout": layers.Dropout, "flatten": layers.Flatten,
+          "identity": layers.Identity, "sequential": layers.Sequential}
+
+
+def _cost(m, kind, xs, need_dx):
+    """The cost of torch module ``m`` of ``kind``, by its linearkit twin's rule; None: no rule."""
+    if kind == "container":
+        return (0,) * 6  # a torch container's own share; its children are rows of their own
+    twin = getattr(layers, type(m).__name__, None) if kind == "activation" else _TWINS.get(kind)
+    rule = None if twin is None else rule_for(twin)
+    return None if rule is None or rule.cost is None else rule.cost(m, xs, need_dx)
 
 
 def _is_lazy(p, nn) -> bool:
@@ -169,7 +188,7 @@ def torch_pass(model, shape, override):
                 acc.linear_weights[i] = orig.weight.detach().float().cpu().numpy()
         elif kind == "batchnorm":
             acc.rows[i].info = {"c": m.num_features}
-        cost = None if xs is None else kind_cost(m, kind, xs, bool(x.requires_grad))
+        cost = None if xs is None else _cost(m, kind, xs, bool(x.requires_grad))
         if cost is None:
             if kind == "unknown":
                 acc.unaccounted.append(path)

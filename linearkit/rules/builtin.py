@@ -1,0 +1,222 @@
+"""The rules of every shipped layer, in one place (registered when ``linearkit.rules`` loads).
+
+Each rule reads only the layer's public attributes and methods (``in_features``, ``has_bias``,
+``check_input_shape``, ``saves``, ``output_shape``, ``check_shapes``, ``named_steps``, …), and
+the costs read only what a PyTorch twin has too, so the ledger's torch path counts with them.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..layers import (
+    GELU,
+    BatchNorm1d,
+    Dropout,
+    Flatten,
+    Identity,
+    LayerNorm,
+    LazyLinear,
+    LeakyReLU,
+    Linear,
+    LogSoftmax,
+    ReLU,
+    Residual,
+    Sequential,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Tanh,
+)
+from ..layers.container import trains
+from ..layers.norm import check_batch_norm_input
+from .costs import ZERO, elementwise_cost, lead, linear_cost, norm_module_cost
+from .registry import LayerRule, register_rule
+
+__all__ = ["ACTIVATIONS", "linear_text"]
+
+#: The parameter-free elementwise layers (and softmaxes), each with its own rule.
+ACTIVATIONS = (ReLU, LeakyReLU, GELU, Tanh, Sigmoid, SiLU, Softmax, LogSoftmax)
+
+
+def linear_text(n_in, n_out, bias: bool) -> str:
+    """The type text of a Linear: 'Linear(784, 256)', 'Linear(784, 256, bias=False)'."""
+    return f"Linear({n_in}, {n_out}" + ("" if bias else ", bias=False") + ")"
+
+
+def _nothing(m, shape, need_dx) -> list:
+    return []
+
+
+def _zero(m, shape, need_dx) -> tuple:
+    return ZERO
+
+
+# ---------------------------------------------------------------- Linear, LazyLinear
+def _linear_out(m, shape):
+    m.check_input_shape(shape)
+    return shape[:-1] + (m.out_features,)
+
+
+def _linear_cost(m, shape, need_dx):
+    bias = m.bias is not None
+    return linear_cost(lead(shape), m.in_features, m.out_features, bias, need_dx,
+                       m.weight.requires_grad, bias and m.bias.requires_grad)
+
+
+def _linear_info(m, shape) -> dict:
+    return {"in": m.in_features, "out": m.out_features, "bias": m.bias is not None,
+            "lazy": False}
+
+
+LINEAR = LayerRule(
+    kind="linear",
+    describe=lambda m: linear_text(m.in_features, m.out_features, m.bias is not None),
+    output_shape=_linear_out,
+    cost=_linear_cost,
+    # The closure holds x (for dW = dyᵀx) only when the weight trains.
+    saved=lambda m, shape, need_dx: ([("input", math.prod(shape))]
+                                     if m.weight.requires_grad else []),
+    info=_linear_info,
+    weight=lambda m: m.weight.data,
+)
+
+
+def _lazy_note(m, shape) -> str:
+    note = "uninitialized (in_features=?)"
+    if shape is not None:
+        params = shape[-1] * m.out_features + (m.out_features if m.has_bias else 0)
+        note += f"; {params:,} params once materialized by this input"
+    return note
+
+
+# A LazyLinear is costed as the Linear the input would make, and never materialized here.
+LAZY_LINEAR = LayerRule(
+    kind="linear",
+    describe=lambda m: f"LazyLinear(?, {m.out_features}{'' if m.has_bias else ', bias=False'})",
+    output_shape=_linear_out,
+    cost=lambda m, shape, need_dx: linear_cost(lead(shape), shape[-1], m.out_features,
+                                               m.has_bias, need_dx, True, m.has_bias),
+    saved=lambda m, shape, need_dx: [("input", math.prod(shape))],
+    info=lambda m, shape: {} if shape is None else {
+        "in": shape[-1], "out": m.out_features, "bias": m.has_bias, "lazy": True},
+    note=_lazy_note,
+)
+
+
+# ---------------------------------------------------------------- pass-through layers
+IDENTITY = LayerRule(kind="identity", shares_input=True, cost=_zero, saved=_nothing)
+
+FLATTEN = LayerRule(kind="flatten", output_shape=lambda m, shape: m.output_shape(shape),
+                    shares_input=True, cost=_zero, saved=_nothing)
+
+
+def _drops(m) -> bool:
+    return bool(m.training and m.p)
+
+
+DROPOUT = LayerRule(
+    kind="dropout",
+    describe=lambda m: f"Dropout(p={m.p})",
+    shares_input=lambda m: not _drops(m),
+    cost=lambda m, shape, need_dx: (elementwise_cost("Dropout", math.prod(shape), need_dx)
+                                    if _drops(m) else ZERO),
+    saved=lambda m, shape, need_dx: [("mask", math.prod(shape))] if _drops(m) else [],
+    note=lambda m, shape: "" if m.training else "identity (eval mode)",
+)
+
+
+# ---------------------------------------------------------------- activations
+def _activation(cls) -> LayerRule:
+    name = cls.__name__  # the key of ELEMENTWISE_FLOPS; a subclass is costed as its base
+    along_dim = cls in (Softmax, LogSoftmax)
+
+    def output_shape(m, shape):
+        m.check_input_shape(shape)  # dim in range
+        return shape
+
+    return LayerRule(
+        kind="activation",
+        describe=(lambda m: f"{type(m).__name__}(dim={m.dim})") if along_dim else None,
+        output_shape=output_shape if along_dim else None,
+        cost=lambda m, shape, need_dx: elementwise_cost(name, math.prod(shape), need_dx),
+        saved=lambda m, shape, need_dx: [("output" if m.saves == "y" else "input",
+                                          math.prod(shape))],
+    )
+
+
+# ---------------------------------------------------------------- normalizations
+def _check_layer_norm(m, shape):
+    m.check_input_shape(shape)
+    return shape
+
+
+LAYER_NORM = LayerRule(
+    kind="layernorm",
+    describe=lambda m: f"LayerNorm({m.normalized_shape})",
+    output_shape=_check_layer_norm,
+    cost=lambda m, shape, need_dx: norm_module_cost(m, math.prod(shape), need_dx),
+    # xhat, and 1/sqrt(var + eps) per normalized row
+    saved=lambda m, shape, need_dx: [
+        ("xhat", math.prod(shape)),
+        ("rstd", math.prod(shape[:len(shape) - len(m.normalized_shape)]))],
+)
+
+
+def _batch_stats(m) -> bool:
+    """BatchNorm normalizes with the batch's statistics (training, or no running ones)."""
+    return m.training or m.running_mean is None or m.running_var is None
+
+
+def _check_batch_norm(m, shape):
+    check_batch_norm_input(m, shape)
+    return shape
+
+
+BATCH_NORM = LayerRule(
+    kind="batchnorm",
+    describe=lambda m: f"BatchNorm1d({m.num_features})",
+    output_shape=_check_batch_norm,
+    cost=lambda m, shape, need_dx: norm_module_cost(m, math.prod(shape), need_dx,
+                                                    eval_mode=not _batch_stats(m)),
+    saved=lambda m, shape, need_dx: [("xhat", math.prod(shape)), ("rstd", m.num_features)],
+    info=lambda m, shape: {"c": m.num_features},
+    note=lambda m, shape: "" if _batch_stats(m) else "eval: running statistics",
+)
+
+
+# ---------------------------------------------------------------- containers
+def _compose_sequential(m, x, need_dx, visit):
+    # Sequential.vjp's rule: a child needs dX once the caller or an earlier child trains.
+    for name, child in m.named_steps():
+        x = visit(child, name, x, need_dx)
+        need_dx = need_dx or trains(child)
+    return x
+
+
+def _compose_residual(m, x, need_dx, visit):
+    fx = visit(m.module, "module", x, need_dx)
+    if x is None:
+        return None
+    m.check_shapes(x.shape, fx.shape)
+    return tuple(x.shape)  # x + f(x): a new array
+
+
+SEQUENTIAL = LayerRule(kind="sequential", compose=_compose_sequential, cost=_zero,
+                       saved=_nothing)
+
+RESIDUAL = LayerRule(
+    kind="residual", compose=_compose_residual,
+    cost=lambda m, shape, need_dx: elementwise_cost("Residual", math.prod(shape), need_dx),
+    saved=_nothing)
+
+
+def register_builtin_rules() -> None:
+    """Register the rule of every shipped layer (done once, when ``linearkit.rules`` loads)."""
+    for layer_type, rule in ((Linear, LINEAR), (LazyLinear, LAZY_LINEAR), (Identity, IDENTITY),
+                             (Flatten, FLATTEN), (Dropout, DROPOUT), (LayerNorm, LAYER_NORM),
+                             (BatchNorm1d, BATCH_NORM), (Sequential, SEQUENTIAL),
+                             (Residual, RESIDUAL)):
+        register_rule(layer_type, rule)
+    for cls in ACTIVATIONS:
+        register_rule(cls, _activation(cls))
