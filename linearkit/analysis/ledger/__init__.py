@@ -24,10 +24,14 @@ Counting conventions (printed with every table, see ``CONVENTIONS``):
   output, Dropout its mask, a norm its normalized input and statistics); an array held by two
   closures (a ReLU's output is the next Linear's input) is counted once, at the first.
 
+What the ledger knows about each layer comes from its rule (``linearkit.rules``): a new layer,
+or a user's, adds one ``register_rule`` entry and gets a full row.
+
 The package, one job a file: ``api`` (``ledger()``: arguments and the model's path),
-``linearkit_model`` / ``linearkit_layers`` / ``custom`` (the linearkit shape pass, its per-layer
-knowledge, and the run-once fallback for module types without a rule), ``torch_model`` (the
-PyTorch path), ``safetensors_file`` (the weights-file path), ``costs`` (the counting rules),
+``linearkit_model`` / ``linearkit_layers`` / ``custom`` (the linearkit shape pass, a rule put on a
+row, and the run-once fallback for module types without a rule, observed through call hooks),
+``torch_model`` (the PyTorch path, costed by the linearkit twins' rules), ``safetensors_file``
+(the weights-file path), ``costs`` (the counting conventions),
 ``accumulator`` (rows and once-only counting), ``budget`` (totals and memory), ``findings``,
 ``report`` (``Ledger`` and its text, Markdown and dict forms) and ``presets``.
 """
