@@ -30,6 +30,7 @@ from .layers import (
 from .losses import BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, MSELoss
 from .module import Module, Parameter
 from .random import manual_seed
+from .threads import get_num_threads, set_num_threads
 
 __version__ = "0.1.0"
 
@@ -65,6 +66,7 @@ __all__ = [
     "data",
     "detect_anomaly",
     "functional",
+    "get_num_threads",
     "hooks",
     "init",
     "io",
@@ -73,6 +75,8 @@ __all__ = [
     "manual_seed",
     "optim",
     "save",
+    "set_num_threads",
+    "threads",
 ]
 
 

@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from . import threads as _threads
+
 __all__ = [
     "erf",
     "gelu",
@@ -54,6 +56,8 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
     GEMM per leading index, ~40% slower); the bias is added in place.
     """
     out_features, in_features = weight.shape
+    if x.size * out_features >= _threads.switch_macs:  # BLAS threads for this GEMM (threads.py)
+        _threads.before_gemm(x.size * out_features)
     if x.ndim == 2:
         y = np.matmul(x, weight.T)
     elif x.ndim == 1:
@@ -92,6 +96,8 @@ def linear_backward(
 def linear_input_grad(dy: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """``dx = dy @ weight``: dy ``(*, out)``, weight ``(out, in)`` -> dx ``(*, in)``."""
     out_features, in_features = weight.shape
+    if dy.size * in_features >= _threads.switch_macs:  # BLAS threads for this GEMM (threads.py)
+        _threads.before_gemm(dy.size * in_features)
     if dy.ndim == 2:
         return np.matmul(dy, weight)
     return np.matmul(_rows(dy), weight).reshape(dy.shape[:-1] + (in_features,))
@@ -123,6 +129,8 @@ def linear_weight_grad(dy: np.ndarray, x: np.ndarray, out: np.ndarray | None = N
             rows = out[start:start + _OUTER_BLOCK]
             rows += np.multiply(column[start:start + _OUTER_BLOCK], x2, out=block[:len(rows)])
         return out
+    if dy2.size * x2.shape[1] >= _threads.switch_macs:  # BLAS threads for this GEMM (threads.py)
+        _threads.before_gemm(dy2.size * x2.shape[1])
     if out is None:
         return np.matmul(dy2.T, x2)
     if not accumulate:
