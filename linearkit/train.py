@@ -7,7 +7,6 @@ baseline (40 -> 10). The paper reports 32% (logistic regression) and 68% (MLP) t
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import asdict, dataclass
 
@@ -126,29 +125,21 @@ def check_lr(lr) -> float:
     return float(lr)
 
 
-# Below this many multiply-adds per GEMM, BLAS threads cost more in hand-offs than they save;
-# on a 2-core machine with anything else running, a threaded 100x100x100 GEMM is 10-30x slower.
-SMALL_GEMM_MACS = 1 << 22
+def thread_setting(threads):
+    """``train(threads=...)`` as a context: ``"auto"`` or None leave the BLAS threads to
+    linearkit's policy (``linearkit.threads``: one thread for small GEMMs and on a busy machine)
+    or to the count set with ``set_num_threads``; an int ``n >= 1`` uses ``n`` threads during
+    training and restores the previous setting afterwards."""
+    import contextlib
 
+    from . import threads as blas
 
-def blas_threads(limit: int | None):
-    """Context manager limiting BLAS to ``limit`` threads (needs threadpoolctl; else a no-op)."""
-    if limit is None:
+    if threads is None or threads == "auto":
         return contextlib.nullcontext()
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # the cli extra brings it; without it BLAS keeps its default
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=limit, user_api="blas")
-
-
-def auto_threads(model: Module, batch_size: int) -> int | None:
-    """1 when every Linear GEMM of a training step is small (see SMALL_GEMM_MACS), else None."""
-    from .layers import Linear
-
-    largest = max((m.in_features * m.out_features for m in model.modules()
-                   if isinstance(m, Linear) and m.in_features is not None), default=0)
-    return 1 if largest * batch_size < SMALL_GEMM_MACS else None
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise ValueError(f"train: threads must be 'auto', None or an int >= 1 (BLAS threads), "
+                         f"got {threads!r}")
+    return blas.num_threads(int(threads))
 
 
 def train(model_kind: str | None = None, *, hidden: int | None = None, steps: int = 6000,
@@ -182,8 +173,9 @@ def train(model_kind: str | None = None, *, hidden: int | None = None, steps: in
     progress : callable, optional
         ``progress(step, loss, test_accuracy_or_None)`` after every step (for a bar).
     threads : 'auto' | int | None
-        BLAS threads while training — ``"auto"`` (one thread for small models, see
-        ``auto_threads``), an int, or None to leave BLAS as it is.
+        BLAS threads while training: an int ``n >= 1`` for exactly ``n`` (restored afterwards);
+        ``"auto"`` or None for linearkit's thread policy (:mod:`linearkit.threads`) or the
+        count you set with ``linearkit.set_num_threads``.
     model : Module, optional
         Your own model, mapping ``x (B, in)`` to logits ``(B, C)``; trained in place.
     optimizer : Optimizer, optional
@@ -228,11 +220,10 @@ def train(model_kind: str | None = None, *, hidden: int | None = None, steps: in
                              "on your optimizer (drop lr=)")
         _check_optimizer(optimizer, model)
     loss_fn = CrossEntropyLoss() if loss_fn is None else loss_fn
+    threads = thread_setting(threads)
     loader = DataLoader(data.x_train, data.y_train, batch_size=batch_size, shuffle=True,
                         drop_last=True, seed=seed)
-    if threads == "auto":
-        threads = auto_threads(model, batch_size)
-    with blas_threads(threads):
+    with threads:
         return model, _loop(model, data, loss_fn, optimizer, loader, model_kind, steps,
                             eval_every, progress)
 

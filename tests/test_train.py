@@ -1,25 +1,27 @@
-"""The train recipe: architecture, BLAS thread policy, determinism."""
+"""The train recipe: architecture, BLAS threads, determinism."""
 
 import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit.train import Dataset, auto_threads, blas_threads, build_model, train
+from linearkit.train import Dataset, build_model, train
 
 
-def test_auto_threads_pins_small_models_only():
-    assert auto_threads(build_model("mlp", 100), batch_size=100) == 1
-    big = lk.Sequential(lk.Linear(4096, 4096, rng=np.random.default_rng(0)))
-    assert auto_threads(big, batch_size=256) is None
+def test_threads_n_trains_on_n_blas_threads_and_restores_the_policy():
+    seen = []
 
+    def progress(step, loss, acc):
+        seen.append((lk.get_num_threads(), lk.threads.get_policy()))
 
-def test_blas_threads_limits_and_restores():
-    from threadpoolctl import threadpool_info
-
-    before = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
-    with blas_threads(1):
-        assert all(pool["num_threads"] == 1 for pool in threadpool_info() if pool["user_api"] == "blas")
-    assert [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"] == before
+    x = np.random.default_rng(0).standard_normal((40, 6)).astype(np.float32)
+    y = np.arange(40) % 3
+    train("linear", steps=3, batch_size=10, eval_every=0, dataset=Dataset(x, y, x, y),
+          threads=2, progress=progress)
+    assert seen == [(2, "fixed")] * 3
+    assert lk.threads.get_policy() == "adaptive"  # the default policy again
+    for bad in (0, "abc", 1.5, True):
+        with pytest.raises(ValueError, match="threads must be 'auto', None or an int >= 1"):
+            train("linear", steps=1, dataset=Dataset(x, y, x, y), batch_size=10, threads=bad)
 
 
 def test_same_seed_same_run_and_dtype_survives():

@@ -34,9 +34,9 @@ What ``run()`` trains, exactly (every choice is an argument of :class:`Config`):
   activation/gradient statistics from :func:`linearkit.analysis.stats.record_stats` on 256
   training samples.
 
-BLAS is limited to one thread while training (``threadpoolctl``, when installed): these GEMMs
-(64 x 256 x 256) are too small to gain from threads, and on a shared 2-core machine OpenBLAS's
-spinning threads made an epoch 5-10x slower.
+BLAS is limited to one thread while training (``linearkit.threads.num_threads(1)``): these
+GEMMs (64 x 256 x 256) are too small to gain from threads, and on a shared 2-core machine
+OpenBLAS's spinning threads made an epoch 5-10x slower.
 
 This module is the experiment itself (config, tasks, model, training, ``run``, ``main``); the
 page it writes is put together by :mod:`.init_depth_page` from the verdicts of
@@ -338,7 +338,7 @@ def run(out_dir=DEFAULT_OUT_DIR, quick: bool = False, seed: int = 0, *,
     Result
         ``result.runs`` (one :class:`Run` each), ``str(result)`` the table, ``result.files``.
     """
-    from ..train import blas_threads
+    from ..threads import num_threads
 
     if config is None:
         config = Config.quick(seed) if quick else Config(seed=seed)
@@ -354,7 +354,7 @@ def run(out_dir=DEFAULT_OUT_DIR, quick: bool = False, seed: int = 0, *,
                   f"{100 * r.test_acc:.1f}% ({r.seconds:.1f} s)", flush=True)
         return r
 
-    with blas_threads(1):  # these small GEMMs run faster on one thread (module docstring)
+    with num_threads(1):  # these small GEMMs run faster on one thread (module docstring)
         for task in config.tasks:
             data = make_task(task, config)
             for depth in config.depths:
