@@ -14,6 +14,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "batch1": ("numpy", "linearkit", "torch"),
     "mlp": ("numpy", "linearkit", "torch", "jax"),
     "recipe": ("numpy", "linearkit", "torch", "jax"),
+    "busy": ("numpy", "linearkit", "torch"),
     "footprint": ("linearkit",),
     "memory": ("linearkit",),
     "profile": ("linearkit",),
@@ -24,6 +25,8 @@ GROUP_HELP = {
     "batch1": "backward of a batch-1 Linear (the K=1 dW product) vs PyTorch",
     "mlp": "784-256-256-10 ReLU MLP: Adam training at batch 32/128/512, inference at 1/256",
     "recipe": "the `linearkit train` recipe: 40-100-res(100)-10 MLP, Adam lr 1e-2, batch 100",
+    "busy": "the recipe step, the README's step and the MLP at batch 128, idle and with one "
+            "process spinning on a core; BLAS-thread variants; GEMMs at 1 and 2 threads",
     "footprint": "`import linearkit`: time and peak RSS in a fresh interpreter",
     "memory": "tracemalloc over 100 training steps: growth, per-step peak, gradient reuse",
     "profile": "cProfile of a linearkit training step + per-call overheads of the protocol",
@@ -40,6 +43,18 @@ MLP_TRAIN_BATCHES = (32, 128, 512)
 MLP_INFER_BATCHES = (1, 256)
 MLP_LR = 1e-3
 RECIPE = {"n_train": 4000, "in": 40, "hidden": 100, "classes": 10, "batch": 100, "lr": 1e-2}
+# The busy-machine group: three training steps, each idle and beside one spinning process.
+BUSY_STEPS = {
+    "recipe": "the recipe step: 40-100-res(100)-10, batch 100, Adam lr 1e-2, batches gathered "
+              "from the 4,000-row set",
+    "readme": "README's \"A training step\": the same model on its one fixed batch "
+              "(x (100, 40) standard normal, target arange(100) % 10)",
+    "mlp128": "784-256-256-10 ReLU MLP at batch 128, Adam lr 1e-3",
+}
+# Forward GEMMs x (M, K) @ W.T (K, N) at 1 and 2 BLAS threads, idle and busy: the evidence
+# for linearkit.threads.SMALL_GEMM_MACS. The first four are the three steps' own sizes.
+BUSY_GEMMS = [(100, 40, 100), (100, 100, 100), (128, 256, 256), (128, 784, 256),
+              (512, 784, 256)]
 N_BATCHES = 8  # distinct synthetic batches cycled through by the MLP throughput cases
 
 

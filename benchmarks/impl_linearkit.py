@@ -1,10 +1,13 @@
 """linearkit, used the way its README and DESIGN.md say: ``layer(x)``, ``layer.vjp(x)`` and the
-documented training step::
+documented training step, through ``linearkit.loop.step`` (the library's one copy of it)::
 
     pred, back = model.vjp(x, input_grad=False)
     loss, loss_back = loss_fn.vjp(pred, target)
     back(loss_back())
     opt.step(); opt.zero_grad(set_to_none=False)
+
+The busy group's ``readme`` case runs the README's lines written out, as a user's own loop.
+BLAS threads: the library's policy (``linearkit.threads``) unless a case sets a count.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import time
 
 from . import cases, data
-from .impl_numpy import recipe_timing, recipe_variants
+from .impl_numpy import readme_batch, recipe_stream, recipe_timing, recipe_variants
 from .timing import loop
 
 lk = None
@@ -107,17 +110,15 @@ def build_model(sizes, residual: bool = False):
 
 
 def trainer(model, lr: float):
-    """The documented training step, as a function of one batch."""
+    """The documented training step (``linearkit.loop.step``), as a function of one batch."""
+    from linearkit.loop import step as train_step
+
     loss_fn = lk.CrossEntropyLoss()
     opt = lk.optim.Adam(model.parameters(), lr=lr)
 
     def step(x, y):
-        pred, back = model.vjp(x, input_grad=False)
-        loss, loss_back = loss_fn.vjp(pred, y)
-        back(loss_back())
-        opt.step()
-        opt.zero_grad(set_to_none=False)  # as README: reuse the gradient buffers
-        return loss
+        # zero_grad(set_to_none=False), as README: reuse the gradient buffers
+        return train_step(model, loss_fn, opt, x, y, set_to_none=False)
 
     return step
 
@@ -171,7 +172,7 @@ def recipe(rec) -> None:
             step(x_all[idx], y_all[idx])
         return time.perf_counter() - start
 
-    recipe_variants(rec, once)
+    recipe_variants(rec, once, lambda: lk.threads.num_threads(1))
     rec.guarded("train-cli", recipe_timing, cli_path(x_all, y_all, steps),
                 rec.cfg["recipe_repeats"], steps)
 
@@ -215,3 +216,67 @@ def profile(rec) -> None:
     rec.guarded("mlp:128", profile_training, build_model(cases.MLP_SIZES), trainer, 128,
                 cases.MLP_LR, max(steps // 4, 50))
     rec.guarded("overheads", overheads, lk, rec.cfg)
+
+
+# ----------------------------------------------------------------------------- busy machine
+def readme_model():
+    """README's "A training step", verbatim: seed, model, loss, optimizer."""
+    lk.manual_seed(0)
+    model = lk.Sequential(lk.Linear(40, 100), lk.ReLU(),
+                          lk.Residual(lk.Sequential(lk.Linear(100, 100), lk.ReLU())),
+                          lk.Linear(100, 10))
+    return model, lk.CrossEntropyLoss(), lk.optim.Adam(model.parameters(), lr=1e-2)
+
+
+def busy_builds():
+    """The busy group's three steps, as ``prepare`` builders (benchmarks.timing)."""
+    r = cases.RECIPE
+    recipe_sizes = (r["in"], r["hidden"], r["hidden"], r["classes"])
+
+    def recipe():
+        step = trainer(build_model(recipe_sizes, residual=True), r["lr"])
+        next_batch = recipe_stream()
+        return lambda n: loop(n, lambda: step(*next_batch()))
+
+    def readme():
+        model, loss_fn, opt = readme_model()
+        x, target = readme_batch()
+
+        def step():  # the README's lines, as a user writes them in their own loop
+            pred, backward = model.vjp(x, input_grad=False)
+            loss, loss_backward = loss_fn.vjp(pred, target)
+            backward(loss_backward())
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+
+        return lambda n: loop(n, step)
+
+    def mlp128():
+        sizes = cases.MLP_SIZES
+        step = trainer(build_model(sizes), cases.MLP_LR)
+        one = cycling(step, data.classification_batches(128, sizes[0], sizes[-1], data.rng(1)))
+        return lambda n: loop(n, one)
+
+    return {"recipe": recipe, "readme": readme, "mlp128": mlp128}
+
+
+def gemm_case(m: int, k: int, n: int):
+    """A forward GEMM ``x (m, k) @ W.T`` through ``linearkit.functional.linear`` (no bias)."""
+    gen = data.rng(3)
+    x, w = data.uniform((m, k), gen), data.uniform((n, k), gen)
+    return lambda reps: loop(reps, lambda: lk.functional.linear(x, w))
+
+
+def busy(rec) -> None:
+    from .busy import pairs
+
+    fixed = lk.threads.num_threads
+    rec.put("policy", lk.threads.info())
+    for name, build in busy_builds().items():
+        pairs(rec, f"{name}/default", build)
+        pairs(rec, f"{name}/1thread", build, setting=lambda: fixed(1))
+        pairs(rec, f"{name}/2threads", build, setting=lambda: fixed(2))
+    for m, k, n in cases.BUSY_GEMMS:
+        for t in (1, 2):
+            pairs(rec, f"gemm:{m}x{k}x{n}/{t}t", gemm_case, m, k, n,
+                  setting=lambda t=t: fixed(t), train=False, macs=m * k * n)

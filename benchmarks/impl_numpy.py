@@ -274,15 +274,16 @@ def one_blas_thread():
     return threadpool_limits(limits=1, user_api="blas")
 
 
-def recipe_variants(rec, once) -> None:
-    """The recipe as is, then with the BLAS limited to one thread (skipped without
-    threadpoolctl, and when the run already limits threads with --threads 1)."""
+def recipe_variants(rec, once, one_thread=None) -> None:
+    """The recipe as is, then with the BLAS limited to one thread by ``one_thread()`` (default
+    ``one_blas_thread``; skipped without threadpoolctl, and when the run already limits threads
+    with --threads 1)."""
     repeats, steps = rec.cfg["recipe_repeats"], rec.cfg["recipe_steps"]
     rec.guarded("train", recipe_timing, once, repeats, steps)
     if rec.cfg.get("quick") or os.environ.get("OPENBLAS_NUM_THREADS") == "1":
         return
     try:
-        limit = one_blas_thread()
+        limit = (one_thread or one_blas_thread)()
     except ImportError as err:
         rec.fail("train-1thread", err)
         return
@@ -296,3 +297,64 @@ def recipe_timing(once, repeats: int, steps: int) -> dict:
     med = statistics.median(times)
     return {"median_s": med, "min_s": min(times), "repeats_s": times, "steps": steps,
             "ms_per_step": 1e3 * med / steps}
+
+
+# ----------------------------------------------------------------------------- busy machine
+def readme_batch():
+    """The README's one batch: x (100, 40) standard normal (seed 0), target arange(100) % 10."""
+    x = np.random.default_rng(0).standard_normal((100, 40)).astype(F32)
+    return x, np.arange(100) % 10
+
+
+def recipe_stream(steps: int = 400):
+    """``next_batch()`` cycling over ``steps`` of the recipe's index batches, gathered each
+    step from the 4,000-row set (as the recipe group does)."""
+    x_all, y_all = data.recipe_dataset(data.rng())
+    order = data.recipe_batches(steps)
+    state = {"i": 0}
+
+    def next_batch():
+        idx = order[state["i"] % len(order)]
+        state["i"] += 1
+        return x_all[idx], y_all[idx]
+
+    return next_batch
+
+
+def busy_builds():
+    """The busy group's three steps, as ``prepare`` builders (benchmarks.timing)."""
+    r = cases.RECIPE
+    recipe_sizes = (r["in"], r["hidden"], r["hidden"], r["classes"])
+
+    def recipe():
+        net = MLP(recipe_sizes, r["batch"], r["lr"], residual=True)
+        next_batch = recipe_stream()
+        return lambda n: loop(n, lambda: net.train_step(*next_batch()))
+
+    def readme():
+        net = MLP(recipe_sizes, r["batch"], r["lr"], residual=True)
+        x, y = readme_batch()
+        return lambda n: loop(n, lambda: net.train_step(x, y))
+
+    def mlp128():
+        sizes = cases.MLP_SIZES
+        net = MLP(sizes, 128, cases.MLP_LR)
+        batches = data.classification_batches(128, sizes[0], sizes[-1], data.rng(1))
+        state = {"i": 0}
+
+        def step():
+            x, y = batches[state["i"] % len(batches)]
+            state["i"] += 1
+            net.train_step(x, y)
+
+        return lambda n: loop(n, step)
+
+    return {"recipe": recipe, "readme": readme, "mlp128": mlp128}
+
+
+def busy(rec) -> None:
+    from .busy import pairs
+
+    for name, build in busy_builds().items():
+        pairs(rec, f"{name}/default", build)
+        pairs(rec, f"{name}/1thread", build, setting=one_blas_thread)

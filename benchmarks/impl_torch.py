@@ -194,3 +194,61 @@ def recipe(rec) -> None:
         rec.guarded("train-1thread", recipe_timing, once, rec.cfg["recipe_repeats"], steps)
     finally:
         torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------- busy machine
+def one_thread():
+    """``torch.set_num_threads(1)`` inside the block, the previous count restored after."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def limit():
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+
+    return limit()
+
+
+def busy(rec) -> None:
+    from .busy import pairs
+    from .impl_numpy import readme_batch, recipe_stream
+
+    r = cases.RECIPE
+    recipe_sizes = (r["in"], r["hidden"], r["hidden"], r["classes"])
+
+    def recipe():
+        step = trainer(build_model(recipe_sizes, residual=True), r["lr"], False)
+        next_batch = recipe_stream()
+
+        def one():
+            x, y = next_batch()
+            step(tensor(x), tensor(y))
+
+        return lambda n: loop(n, one)
+
+    def readme():
+        step = trainer(build_model(recipe_sizes, residual=True), r["lr"], False)
+        x, y = (tensor(a) for a in readme_batch())
+        return lambda n: loop(n, lambda: step(x, y))
+
+    def mlp128():
+        sizes = cases.MLP_SIZES
+        step = trainer(build_model(sizes), cases.MLP_LR, False)
+        batches = [(tensor(x), tensor(y)) for x, y in
+                   data.classification_batches(128, sizes[0], sizes[-1], data.rng(1))]
+        state = {"i": 0}
+
+        def one():
+            x, y = batches[state["i"] % len(batches)]
+            state["i"] += 1
+            step(x, y)
+
+        return lambda n: loop(n, one)
+
+    for name, build in (("recipe", recipe), ("readme", readme), ("mlp128", mlp128)):
+        pairs(rec, f"{name}/default", build)
+        pairs(rec, f"{name}/1thread", build, setting=one_thread)

@@ -243,6 +243,82 @@ def recipe_section(v: View):
         "by itself; the other rows are the documented step on pre-drawn index batches.")
 
 
+BUSY_ROWS = (("linearkit", "default", "linearkit, default policy"),
+             ("linearkit", "1thread", "linearkit, set_num_threads(1)"),
+             ("linearkit", "2threads", "linearkit, set_num_threads(2)"),
+             ("numpy", "default", "NumPy, BLAS default threads"),
+             ("numpy", "1thread", "NumPy, BLAS on 1 thread"),
+             ("torch", "default", "PyTorch, default threads"),
+             ("torch", "1thread", "PyTorch, set_num_threads(1)"))
+
+
+def busy_pair(v: View, fw: str, case: str):
+    """``(idle_s, busy_s, idle_other_cores, busy_other_cores)`` of one busy-group case."""
+    idle, busy = (v.get("busy", fw, f"{case}:{s}") for s in ("idle", "busy"))
+    return (idle and idle.get("median_s"), busy and busy.get("median_s"),
+            idle and idle.get("other_cores"), busy and busy.get("other_cores"))
+
+
+def busy_sections(v: View):
+    rows = []
+    for step, text in cases.BUSY_STEPS.items():
+        for fw, variant, label in BUSY_ROWS:
+            idle, busy, oi, ob = busy_pair(v, fw, f"{step}/{variant}")
+            if idle is None and busy is None:
+                continue
+            rows.append([step, label, num(idle and 1e3 * idle, 3), num(busy and 1e3 * busy, 3),
+                         ratio(div(busy, idle)), f"{num(oi, 2)} / {num(ob, 2)}"])
+    steps = "; ".join(f"`{k}`: {t}" for k, t in cases.BUSY_STEPS.items())
+    main = _section(
+        "9a. Busy machine: training steps idle and beside one spinning process (ms/step)",
+        ["step", "framework, threads", "idle", "busy", "busy / idle",
+         "others' cores idle / busy"], rows,
+        "Each step timed twice in the same process: on the machine as it is (\"idle\"), then "
+        "while the benchmark runs one background process spinning on a core (started before "
+        "and killed by PID after the measurement). \"Others' cores\": CPU time of other "
+        "processes on this process's cores during the measurement (/proc/stat minus this "
+        "process's own), in cores: the spinner alone is ~1; more than ~0.2 in the idle column "
+        f"means the machine was not idle and that figure is pessimistic. Steps: {steps}.")
+    policy = (v.get("busy", "linearkit", "policy") or {}) if v.has("busy") else {}
+    rows = []
+    for m, k, n in cases.BUSY_GEMMS:
+        t = {(th, st): busy_pair(v, "linearkit", f"gemm:{m}x{k}x{n}/{th}t")[st == "busy"]
+             for th in (1, 2) for st in ("idle", "busy")}
+        rows.append([f"{m}×{k} @ {k}×{n}", num(m * k * n / 1e6, 2),
+                     us(t[(1, "idle")]), us(t[(2, "idle")]),
+                     ratio(div(t[(1, "idle")], t[(2, "idle")])),
+                     us(t[(1, "busy")]), us(t[(2, "busy")]),
+                     ratio(div(t[(2, "busy")], t[(1, "busy")]))])
+    gemms = _section(
+        "9b. One forward GEMM at 1 and 2 BLAS threads, idle and busy (µs per call)",
+        ["GEMM", "M MACs", "1 thread idle", "2 threads idle", "speed-up of 2 (idle)",
+         "1 thread busy", "2 threads busy", "slow-down of 2 (busy)"], rows,
+        "`linearkit.functional.linear(x, W)` under `linearkit.threads.num_threads(t)`. The default "
+        "policy runs a GEMM under `SMALL_GEMM_MACS` = "
+        f"{num(policy.get('small_gemm_macs'))} multiply-adds on one thread, and a larger one on "
+        "up to the BLAS's own count only while other processes leave the cores idle "
+        "(docs/threads.md).")
+    return [main, gemms] if any(r[2] != "n/a" for r in rows) else [main]
+
+
+def busy_targets(v: View, add) -> None:
+    for step in cases.BUSY_STEPS:
+        idle, busy, _, _ = busy_pair(v, "linearkit", f"{step}/default")
+        r = div(busy, idle)
+        add(f"9. {step}: busy ≤ 3× idle (linearkit default)",
+            f"{ratio(r)} ({num(idle and 1e3 * idle, 3)} → {num(busy and 1e3 * busy, 3)} ms)",
+            at_most(r, 3.0))
+    for step in cases.BUSY_STEPS:
+        idle = busy_pair(v, "linearkit", f"{step}/default")[0]
+        fixed = [busy_pair(v, "linearkit", f"{step}/{t}")[0] for t in ("1thread", "2threads")]
+        fixed = [t for t in fixed if _ok(t)]
+        best = min(fixed) if fixed else None
+        r = div(idle, best)
+        add(f"9. {step}: idle default ≤ 1.1× best fixed thread count",
+            f"{ratio(r)} ({num(idle and 1e3 * idle, 3)} vs {num(best and 1e3 * best, 3)} ms)",
+            at_most(r, 1.1))
+
+
 def footprint_section(v: View):
     res = v.get("footprint", "linearkit", "import")
     if res is None:
@@ -375,6 +451,8 @@ def targets(v: View) -> list[list[str]]:
                 at_least(r, 4.0))
         r = div(pt, v.seconds("recipe", "linearkit", "train"))
         add("5. documented step loop ≥ 4× PyTorch eager", ratio(r), at_least(r, 4.0))
+    if v.has("busy"):
+        busy_targets(v, add)
     fp = v.get("footprint", "linearkit", "import") if v.has("footprint") else None
     if fp is not None:
         lk_ = fp["linearkit"]
@@ -401,7 +479,7 @@ def all_sections(v: View) -> list[dict]:
     builders = [("large", large_section), ("small", small_section), ("batch1", batch1_section),
                 ("mlp", mlp_sections), ("recipe", recipe_section),
                 ("footprint", footprint_section), ("memory", memory_section),
-                ("profile", profile_sections)]
+                ("profile", profile_sections), ("busy", busy_sections)]
     for group, build in builders:
         if not v.has(group):
             continue
@@ -589,4 +667,26 @@ def render_markdown(results: dict) -> str:
             out += ["### Not measured", ""] + [f"- {n}" for n in v.notes] + [""]
     if meta.get("forced_note"):
         out += [meta["forced_note"], ""]
+    return "\n".join(out)
+
+
+def render_busy_markdown(results: dict) -> str:
+    """The busy group's tables for docs/threads.md (between its generated-block markers)."""
+    meta = results.get("meta", {})
+    v = View(results)
+    argv = " ".join(meta.get("argv", ["python", "-m", "benchmarks", "--only", "busy"]))
+    rows: list[list[str]] = []
+    if v.has("busy"):
+        busy_targets(v, lambda *r: rows.append(list(r)))
+    out = [(f"Generated by `{argv}` on {meta.get('date', '?')}"
+            f"{'' if _mode(meta) == 'full' else f' ({_mode(meta)} run)'}{_wall(meta)}"
+            f"{_rendered(meta)}."), "", f"Machine: {machine_line(v.info)}", ""]
+    if _load_line(meta):
+        out += [f"During the run: {_load_line(meta)}.", ""]
+    out += ["#### Acceptance (issue 7)", "", _md_table(["target", "measured", "status"], rows),
+            ""]
+    for s in busy_sections(v) if v.has("busy") else []:
+        out += [f"#### {s['title']}", "", s["intro"], "", _md_table(s["header"], s["rows"]), ""]
+    if v.notes:
+        out += ["Not measured:", ""] + [f"- {n}" for n in v.notes] + [""]
     return "\n".join(out)
