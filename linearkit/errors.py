@@ -49,6 +49,11 @@ class ShapeError(_Located, ValueError):
     """An input, gradient or state-dict entry has a shape the module cannot take."""
 
 
+class DimError(ShapeError, IndexError):
+    """A ``dim`` argument out of range for the input: an IndexError too, as PyTorch raises
+    (and as NumPy's AxisError is both)."""
+
+
 class DTypeError(_Located, TypeError):
     """An input's dtype does not match the module's parameters (linearkit never promotes silently)."""
 

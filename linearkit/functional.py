@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from . import threads as _threads
+from .errors import DimError
 
 __all__ = [
     "erf",
@@ -159,19 +160,39 @@ def relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, 0)
 
 
+_INT_OF_WIDTH = {2: np.int16, 4: np.int32, 8: np.int64}
+
+
 def relu_backward(dy: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Gradient of relu from its *output* ``y``: ``dy`` where ``y > 0``, else 0 (0 at x = 0)."""
-    return np.multiply(dy, y > 0)
+    """Gradient of relu from its *output* ``y``: 0 where ``y <= 0``, else ``dy``.
+
+    PyTorch's ``threshold_backward`` exactly: a NaN input (``y`` NaN is not ``<= 0``) passes
+    ``dy`` through, and a dead unit (x <= 0, so 0 at x = 0) gives +0 even where ``dy`` is NaN
+    or inf (``dy * (y > 0)`` would give NaN there). Computed as a bitwise AND of dy's bits
+    with an all-ones / all-zeros mask: no floating-point operation, so no warning, and as fast
+    as that multiply (``np.where`` is ~10x slower on a random mask).
+    """
+    dy = np.asarray(dy)
+    dead = np.less_equal(y, 0)
+    bits = _INT_OF_WIDTH.get(dy.dtype.itemsize) if dy.dtype.kind == "f" else None
+    if bits is None or dy.shape != dead.shape:
+        return np.where(dead, 0, dy)
+    keep = dead.astype(bits)
+    keep -= 1  # dead: 1 - 1 = 0 (no bits kept); alive: 0 - 1 = -1 (every bit kept)
+    return np.bitwise_and(dy.view(bits), keep).view(dy.dtype)
 
 
 def leaky_relu(x: np.ndarray, negative_slope: float = 0.01) -> np.ndarray:
-    """``x`` where ``x > 0``, else ``negative_slope * x``."""
-    return np.where(x > 0, x, x * negative_slope)
+    """``x`` where ``x > 0``, else ``negative_slope * x`` (as PyTorch, so NaN stays NaN)."""
+    with np.errstate(over="ignore", invalid="ignore"):  # -inf * 0, or a slope > 1 at -3e38
+        return np.where(x > 0, x, x * negative_slope)
 
 
 def leaky_relu_backward(dy: np.ndarray, x: np.ndarray, negative_slope: float = 0.01) -> np.ndarray:
-    """Gradient of leaky_relu: ``dy`` where ``x > 0``, else ``negative_slope * dy``."""
-    return np.where(x > 0, dy, dy * negative_slope)
+    """Gradient of leaky_relu: ``dy`` where ``x > 0``, else ``negative_slope * dy`` (at NaN too,
+    as PyTorch's ``x > 0 ? dy : dy * slope``)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.where(x > 0, dy, dy * negative_slope)
 
 
 _scipy_erf = None
@@ -200,24 +221,39 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _GELU_TANH_C = 0.044715
 
 
+# Where |x| >= this, tanh of the GELU-tanh inner argument is exactly ±1 in float32 and float64
+# (inner(10) = 43.7), so clipping x there changes no value and keeps x³ from overflowing.
+_GELU_TANH_SATURATED = 10.0
+
+
 def gelu(x: np.ndarray, approximate: str = "none") -> np.ndarray:
-    """GELU: ``x Φ(x)`` exactly (``approximate='none'``) or its tanh approximation (``'tanh'``)."""
-    if approximate == "tanh":
-        inner = _SQRT_2_OVER_PI * (x + _GELU_TANH_C * x * x * x)
-        return 0.5 * x * (1.0 + np.tanh(inner))
-    return 0.5 * x * (1.0 + erf(x * _SQRT_HALF))
+    """GELU: ``x Φ(x)`` exactly (``approximate='none'``) or its tanh approximation (``'tanh'``).
+
+    At -inf it is NaN (``-inf * 0``), as in PyTorch; no overflow warning for huge ``|x|``.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        if approximate == "tanh":
+            inner = _SQRT_2_OVER_PI * (x + _GELU_TANH_C * x * x * x)
+            return 0.5 * x * (1.0 + np.tanh(inner))
+        return 0.5 * x * (1.0 + erf(x * _SQRT_HALF))
 
 
 def gelu_backward(dy: np.ndarray, x: np.ndarray, approximate: str = "none") -> np.ndarray:
-    """Gradient of gelu with respect to its input ``x``."""
-    if approximate == "tanh":
-        x2 = x * x
-        t = np.tanh(_SQRT_2_OVER_PI * (x + _GELU_TANH_C * x2 * x))
-        dinner = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_TANH_C * x2)
-        return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner)
-    cdf = 0.5 * (1.0 + erf(x * _SQRT_HALF))
-    pdf = np.exp(-0.5 * x * x) * _INV_SQRT_2PI
-    return dy * (cdf + x * pdf)
+    """Gradient of gelu with respect to its input ``x``.
+
+    Finite huge ``|x|`` gives the limit (dy for x > 0, 0 for x < 0), ±inf gives NaN, as PyTorch
+    does in float64 (its float32 tanh kernel overflows to NaN from |x| ~ 1e13).
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        if approximate == "tanh":
+            xc = np.clip(x, -_GELU_TANH_SATURATED, _GELU_TANH_SATURATED)
+            x2 = xc * xc
+            t = np.tanh(_SQRT_2_OVER_PI * (xc + _GELU_TANH_C * x2 * xc))
+            dinner = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_TANH_C * x2)
+            return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner)
+        cdf = 0.5 * (1.0 + erf(x * _SQRT_HALF))
+        pdf = np.exp(-0.5 * x * x) * _INV_SQRT_2PI
+        return dy * (cdf + x * pdf)
 
 
 def tanh(x: np.ndarray) -> np.ndarray:
@@ -226,8 +262,10 @@ def tanh(x: np.ndarray) -> np.ndarray:
 
 
 def tanh_backward(dy: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Gradient of tanh from its output ``y``: ``dy (1 - y²)``."""
-    return dy * (1.0 - y * y)
+    """Gradient of tanh from its output ``y``: ``dy (1 - y²)`` (NaN for an inf dy where y = ±1,
+    silently, as in PyTorch)."""
+    with np.errstate(invalid="ignore"):
+        return dy * (1.0 - y * y)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -237,54 +275,87 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def sigmoid_backward(dy: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Gradient of sigmoid from its output ``y``: ``dy y (1 - y)``."""
-    return dy * y * (1.0 - y)
+    """Gradient of sigmoid from its output ``y``: ``dy y (1 - y)`` (NaN, silently, for an inf dy
+    where y is 0 or 1, as in PyTorch)."""
+    with np.errstate(invalid="ignore"):
+        return dy * y * (1.0 - y)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    """SiLU (swish): ``x σ(x)``."""
-    return x * sigmoid(x)
+    """SiLU (swish): ``x σ(x)``. At -inf it is NaN (``-inf * 0``), silently, as in PyTorch."""
+    with np.errstate(invalid="ignore"):
+        return x * sigmoid(x)
 
 
 def silu_backward(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Gradient of silu with respect to ``x``: ``dy σ(x) (1 + x (1 - σ(x)))``."""
+    """Gradient of silu with respect to ``x``: ``dy σ(x) (1 + x (1 - σ(x)))``; NaN at ±inf
+    (``inf * 0``), silently, as in PyTorch."""
     s = sigmoid(x)
-    return dy * (s * (1.0 + x * (1.0 - s)))
+    with np.errstate(invalid="ignore"):
+        return dy * (s * (1.0 + x * (1.0 - s)))
 
 
 # ----------------------------------------------------------------------------- softmax
+def _along(x, dim: int):
+    """``(x, axis)`` for a reduction along ``dim``, checked as PyTorch checks it: an axis in
+    ``[-n, n)`` with ``n = max(x.ndim, 1)``, so a 0-d input has the one dim 0 (or -1) and is
+    computed as one element (softmax 1, log_softmax 0). Out of range: a ``DimError`` (an
+    IndexError, as PyTorch raises, and a ShapeError)."""
+    x = np.asarray(x)
+    n = max(x.ndim, 1)
+    if not -n <= dim < n:
+        raise DimError(f"dim={dim} is out of range [{-n}, {n - 1}] for an input of shape "
+                       f"{x.shape}", hint="softmax over the features is usually dim=-1")
+    return (x.reshape(1), 0) if x.ndim == 0 else (x, dim)
+
+
 def _shifted(x: np.ndarray, dim: int) -> np.ndarray:
-    """``x - max(x, dim)``; the max of an all-(-inf) slice is replaced by 0 to avoid inf-inf."""
+    """``x - max(x, dim)``. A slice holding +inf (or only -inf) becomes NaN there (inf - inf),
+    which makes its softmax NaN throughout, as in PyTorch."""
     if x.shape[dim] == 0:
         return x.copy()
-    m = np.max(x, axis=dim, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0)
-    return x - m
+    return x - np.max(x, axis=dim, keepdims=True)
 
 
 def softmax(x: np.ndarray, dim: int = -1) -> np.ndarray:
-    """``exp(x) / Σ exp(x)`` along ``dim``, computed after subtracting the max (no overflow)."""
-    e = np.exp(_shifted(x, dim))
-    e /= np.sum(e, axis=dim, keepdims=True)
-    return e
+    """``exp(x) / Σ exp(x)`` along ``dim``, computed after subtracting the max (no overflow).
+
+    Shape: any -> same (a 0-d input gives 1, as in PyTorch).
+    """
+    shape = np.shape(x)
+    x, dim = _along(x, dim)
+    with np.errstate(over="ignore", invalid="ignore"):  # 3e38 - (-3e38), inf - inf
+        e = np.exp(_shifted(x, dim))
+        e /= np.sum(e, axis=dim, keepdims=True)
+    return e.reshape(shape)
 
 
 def softmax_backward(dy: np.ndarray, y: np.ndarray, dim: int = -1) -> np.ndarray:
-    """Gradient of softmax from its output ``y``: ``y (dy - Σ dy y)``."""
-    return y * (dy - np.sum(dy * y, axis=dim, keepdims=True))
+    """Gradient of softmax from its output ``y``: ``y (dy - Σ dy y)``; dy, y and dx alike."""
+    shape = np.shape(y)
+    y, dim = _along(y, dim)
+    dy = np.reshape(dy, y.shape)
+    with np.errstate(invalid="ignore"):
+        return (y * (dy - np.sum(dy * y, axis=dim, keepdims=True))).reshape(shape)
 
 
 def log_softmax(x: np.ndarray, dim: int = -1) -> np.ndarray:
-    """``x - log Σ exp(x)`` along ``dim``, stable for large logits."""
-    z = _shifted(x, dim)
-    with np.errstate(divide="ignore"):
+    """``x - log Σ exp(x)`` along ``dim``, stable for large logits (0 for a 0-d input)."""
+    shape = np.shape(x)
+    x, dim = _along(x, dim)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        z = _shifted(x, dim)
         z -= np.log(np.sum(np.exp(z), axis=dim, keepdims=True))
-    return z
+    return z.reshape(shape)
 
 
 def log_softmax_backward(dy: np.ndarray, y: np.ndarray, dim: int = -1) -> np.ndarray:
-    """Gradient of log_softmax from its output ``y``: ``dy - exp(y) Σ dy``."""
-    return dy - np.exp(y) * np.sum(dy, axis=dim, keepdims=True)
+    """Gradient of log_softmax from its output ``y``: ``dy - exp(y) Σ dy``; dy, y, dx alike."""
+    shape = np.shape(y)
+    y, dim = _along(y, dim)
+    dy = np.reshape(dy, y.shape)
+    with np.errstate(invalid="ignore"):
+        return (dy - np.exp(y) * np.sum(dy, axis=dim, keepdims=True)).reshape(shape)
 
 
 # ----------------------------------------------------------------------- normalization

@@ -131,13 +131,16 @@ class _AlongDim(_Elementwise):
         self.dim = int(dim)
 
     def check_input_shape(self, shape: tuple) -> int:
-        """The axis ``dim`` names in an input of ``shape``; the forward's ShapeError if none."""
-        ndim = len(shape)
-        if not -ndim <= self.dim < max(ndim, 1):
-            from ..errors import ShapeError
+        """The axis ``dim`` names in an input of ``shape``, checked as PyTorch does: in
+        ``[-n, n)`` with ``n = max(ndim, 1)``, so a 0-d input has the one dim 0 (or -1). Else
+        the forward's DimError: a ShapeError, and an IndexError as torch raises."""
+        n = max(len(shape), 1)
+        if not -n <= self.dim < n:
+            from ..errors import DimError
 
-            raise ShapeError(f"dim={self.dim} is out of range for an input of shape "
-                             f"{tuple(shape)}", module=self)
+            raise DimError(f"dim={self.dim} is out of range [{-n}, {n - 1}] for an input of "
+                           f"shape {tuple(shape)}", module=self,
+                           hint="softmax over the features is usually dim=-1")
         return self.dim
 
     def _axis(self, x) -> int:
