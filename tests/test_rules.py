@@ -251,6 +251,12 @@ def test_a_container_rule_walks_its_children():
     assert L.memory["activations"] == closure_bytes(backward, model)
 
 
+def test_a_container_rule_that_returns_nothing_is_named():
+    broken = LayerRule(kind="twice", compose=lambda m, x, need, visit: None)
+    with register_rule(Twice, broken), pytest.raises(TypeError, match="Twice.*compose"):
+        ledger(Twice(lk.Linear(4, 4)), (3, 4))
+
+
 # ------------------------------------------------------------------ the built-in rules
 def test_every_shipped_layer_has_a_rule_in_one_file():
     for name in lk.layers.__all__:

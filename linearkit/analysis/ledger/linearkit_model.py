@@ -113,6 +113,10 @@ class _LinearkitPass:
         if x is None:
             fill_row(acc, i, rule, m, None, need)
             return None
+        if out is None:
+            raise TypeError(f"the rule of {type(m).__name__} returned None from compose() for an "
+                            f"input of shape {x.shape}; return the value visit() gave for the "
+                            "output, or the output's shape")
         y = out if isinstance(out, _T) else _T(out)
         fill_row(acc, i, rule, m, x.shape, need, {"input": x.key, "output": y.key})
         return y
