@@ -133,11 +133,40 @@ class Residual(Module):
             )
 
     def forward(self, x):
+        """``x + module(x)``.
+
+        Parameters
+        ----------
+        x : ndarray, shape ``(*, d)``
+
+        Returns
+        -------
+        y : ndarray, shape ``(*, d)``
+            A new array. A ShapeError if ``module(x)`` does not have ``x``'s shape.
+        """
         fx = self.module(x)
         self.check_shapes(np.shape(x), np.shape(fx))
         return x + fx
 
     def vjp(self, x, input_grad: bool = True):
+        """The forward plus its closure ``backward(dy) -> dx``.
+
+        Parameters
+        ----------
+        x : ndarray, shape ``(*, d)``
+        input_grad : bool
+            False when the caller needs no ``dx``: the wrapped module is asked for none either,
+            and ``backward`` returns None (it still runs the module's backward for its
+            parameters' gradients).
+
+        Returns
+        -------
+        y : ndarray, shape ``(*, d)``
+            ``x + module(x)``, as ``forward``.
+        backward : callable
+            ``backward(dy (*, d)) -> dx (*, d)``: ``dy + module's dx`` (the skip path plus the
+            block's), after the module's backward has added its parameters' gradients.
+        """
         fx, inner = self.module.vjp(x, input_grad=input_grad)
         self.check_shapes(np.shape(x), np.shape(fx))
 

@@ -15,7 +15,23 @@ __all__ = ["Flatten"]
 class Flatten(Module):
     """Flatten dims ``start_dim..end_dim`` into one, as ``torch.nn.Flatten`` (default 1..-1).
 
-    Shape: ``(N, *rest)`` -> ``(N, prod(rest))`` with the defaults. A view when possible.
+    Parameters
+    ----------
+    start_dim, end_dim : int
+        The first and last dimension merged (inclusive; negative counts from the end).
+
+    Shape
+    -----
+    ``(*head, d_start, ..., d_end, *tail)`` -> ``(*head, d_start * ... * d_end, *tail)``; with
+    the defaults ``(N, *rest)`` -> ``(N, prod(rest))``. A view of the input when possible.
+
+    Examples
+    --------
+    >>> import numpy as np, linearkit as lk
+    >>> lk.Flatten()(np.zeros((2, 3, 4))).shape
+    (2, 12)
+    >>> lk.Flatten(0, 1)(np.zeros((2, 3, 4))).shape
+    (6, 4)
     """
 
     def __init__(self, start_dim: int = 1, end_dim: int = -1):
@@ -42,10 +58,40 @@ class Flatten(Module):
         return shape[:start] + (math.prod(shape[start:end + 1]),) + shape[end + 1:]
 
     def forward(self, x):
+        """Merge dims ``start_dim..end_dim`` of ``x``.
+
+        Parameters
+        ----------
+        x : array_like, shape ``(*head, d_start, ..., d_end, *tail)``
+
+        Returns
+        -------
+        y : ndarray, shape ``(*head, d_start * ... * d_end, *tail)``
+            A view of ``x`` when its strides allow, else a copy; same dtype. A 0-d input
+            becomes shape ``(1,)`` with ``start_dim`` 0 or -1, as in PyTorch. A ShapeError if
+            ``x`` lacks those dims.
+        """
         x = np.asarray(x)
         return x.reshape(self.output_shape(x.shape))
 
     def vjp(self, x, input_grad: bool = True):
+        """The forward plus its closure ``backward(dy) -> dx``.
+
+        Parameters
+        ----------
+        x : array_like, shape ``(*head, d_start, ..., d_end, *tail)``
+        input_grad : bool
+            False when the caller needs no ``dx``: ``backward`` then returns None.
+
+        Returns
+        -------
+        y : ndarray, shape ``(*head, d_start * ... * d_end, *tail)``
+            As ``forward(x)``.
+        backward : callable
+            ``backward(dy) -> dx``: ``dy`` (``y``'s shape) reshaped back to ``x``'s shape (a
+            view when possible); None when ``input_grad`` is False. The closure keeps only the
+            input's shape, never the input.
+        """
         x = np.asarray(x)
         shape = x.shape
         y = x.reshape(self.output_shape(shape))

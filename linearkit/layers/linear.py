@@ -235,7 +235,32 @@ class Identity(Module):
         super().__init__()
 
     def forward(self, x):
+        """Return ``x`` itself (not a copy).
+
+        Parameters
+        ----------
+        x : anything, usually an ndarray of shape ``(*)``
+
+        Returns
+        -------
+        y : the same object as ``x``, shape ``(*)``
+        """
         return x
 
     def vjp(self, x, input_grad: bool = True):
+        """``(x, backward)`` with ``backward(dy) -> dy``.
+
+        Parameters
+        ----------
+        x : ndarray, shape ``(*)``
+        input_grad : bool
+            False when the caller needs no ``dx``: ``backward`` then returns None.
+
+        Returns
+        -------
+        y : ndarray, shape ``(*)``
+            ``x`` itself.
+        backward : callable
+            ``backward(dy (*)) -> dx (*)``: ``dy`` itself; None when ``input_grad`` is False.
+        """
         return x, (lambda dy: dy if input_grad else None)
