@@ -465,3 +465,23 @@ def test_batch_norm_huge_and_tiny_channels_are_right(scale, dtype):
     np.testing.assert_allclose(rv, expected, rtol=1e-5 if dtype == np.float32 else 1e-12)
     np.testing.assert_allclose(rm, (0.5 * x64.mean(0)).astype(np.float64),
                                rtol=1e-5 if dtype == np.float32 else 1e-12)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("scale", [1e200, 1e-200, 1.0])
+def test_layer_norm_gradient_at_extreme_scales_matches_finite_differences(scale):
+    """An independent check of dx where the variance overflows (1e200² in float64) or is tiny:
+    central differences with a step relative to the row's scale."""
+    rng = np.random.default_rng(15)
+    x = rng.standard_normal((2, 5)) * scale
+    dy = rng.standard_normal((2, 5))
+    _, xhat, rstd = F.layer_norm_forward(x, 5, eps=0.0)
+    dx = F.layer_norm_backward(dy, xhat, rstd, 5)[0]
+    numeric = np.zeros_like(x)
+    h = 1e-6 * scale
+    for i in np.ndindex(x.shape):
+        e = np.zeros_like(x)
+        e[i] = h
+        diff = F.layer_norm(x + e, 5, eps=0.0) - F.layer_norm(x - e, 5, eps=0.0)
+        numeric[i] = np.sum(dy * diff) / (2 * h)
+    np.testing.assert_allclose(dx * scale, numeric * scale, rtol=1e-6, atol=1e-8)
