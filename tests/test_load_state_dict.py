@@ -158,3 +158,16 @@ def test_every_layer_round_trips_through_its_own_file(make, tmp_path):
     for (k, a), (_, b) in zip(model.state_dict().items(), fresh.state_dict().items()):
         assert a.shape == b.shape and a.dtype == b.dtype, k
         np.testing.assert_array_equal(a, b, err_msg=k)
+
+
+def test_a_saved_file_gets_the_permissions_of_any_new_file(tmp_path):
+    import os
+    import stat
+
+    umask = os.umask(0o022)
+    try:
+        path = tmp_path / "m.safetensors"
+        lk.save(lk.Linear(2, 2), path)
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o644  # not mkstemp's 0600
+    finally:
+        os.umask(umask)

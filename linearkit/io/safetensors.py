@@ -25,6 +25,13 @@ def _safetensors_numpy():
     return st
 
 
+def _new_file_mode() -> int:
+    """The mode ``open()`` gives a new file: 0o666 less the process's umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def save(model_or_state, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> str:
     """Write a model's ``state_dict()`` (or a dict of arrays) to ``path``, atomically.
 
@@ -48,6 +55,7 @@ def save(model_or_state, path: str | os.PathLike, metadata: dict[str, str] | Non
     os.close(fd)
     try:
         st.save_file(arrays, tmp, metadata=meta)
+        os.chmod(tmp, _new_file_mode())  # mkstemp's 0600 would survive the rename
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
