@@ -216,8 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--eval-every", type=int_at_least(0), default=500,
                        help="evaluate every N steps (0: only at the end)")
     train.add_argument("--threads", type=threads, default="auto",
-                       help="BLAS threads: auto (1 for small models), a number >= 1, or default "
-                            "(leave BLAS as it is)")
+                       help="BLAS threads: a number >= 1 (linearkit.set_num_threads), or auto "
+                            "/ default: linearkit's policy (1 thread for small GEMMs and on a "
+                            "busy machine; docs/threads.md)")
     train.add_argument("--out", default=None,
                        help="where to save the weights (.safetensors); default: "
                             "runs/mnist1d-MODEL.safetensors")
