@@ -217,8 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="evaluate every N steps (0: only at the end)")
     train.add_argument("--threads", type=threads, default="auto",
                        help="BLAS threads: a number >= 1 (linearkit.set_num_threads), or auto "
-                            "/ default: linearkit's policy (1 thread for small GEMMs and on a "
-                            "busy machine; docs/threads.md)")
+                            "(also 'default') for linearkit's policy: 1 thread for small GEMMs "
+                            "and on a busy machine (docs/threads.md)")
     train.add_argument("--out", default=None,
                        help="where to save the weights (.safetensors); default: "
                             "runs/mnist1d-MODEL.safetensors")
