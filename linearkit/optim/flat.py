@@ -1,0 +1,129 @@
+"""The flat fast path: a parameter group's state in one contiguous array per key.
+
+When every parameter of a group (two or more, one dtype) steps together, an optimizer can run
+its elementwise update once over the whole group instead of once per parameter: a handful of
+ufunc calls instead of a handful per parameter. ``FlatState`` packs the state (``state[p][key]``
+become views into it, so per-parameter access and ``state_dict()`` see the same values) and
+adopts the gradients (after the first step each ``p.grad`` is a view of one flat buffer, so the
+next backward writes straight into it and ``zero_grad(set_to_none=False)`` is one ``fill``).
+The math stays the optimizer's: elementwise operations in the same order on the packed arrays
+give the same bits as on each parameter alone (tests/test_optim_flat.py checks it).
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import numpy as np
+
+__all__ = ["FlatState", "flat_state"]
+
+
+class FlatState:
+    """One parameter group's per-parameter state arrays packed into single contiguous arrays.
+
+    Parameters
+    ----------
+    params : list of Parameter
+        The group, in order; ``N`` is the total number of their elements.
+    state : dict
+        The optimizer's state; ``state[p]`` must exist for every ``p``. Its arrays for ``keys``
+        are copied in (a fresh entry, ``{'step': 0}``, starts at zero), then rebound to views.
+    keys : tuple of str
+        The state keys to pack (e.g. ``('exp_avg', 'exp_avg_sq')``).
+    dtype : numpy dtype
+        The parameters' (common) dtype.
+
+    Attributes
+    ----------
+    arrays : dict of str to ndarray, each of shape (N,)
+        The packed state; ``state[p][key]`` is ``arrays[key][slices[i]].reshape(p.shape)``.
+    buffers : dict
+        ``'grad'`` (N,): the adopted gradients; ``'data'`` (N,): scratch for gathering ``p.data``.
+    """
+
+    def __init__(self, params: list, state: dict, keys: tuple, dtype: np.dtype):
+        self.params = list(params)
+        self.shapes = [p.data.shape for p in params]
+        bounds = np.cumsum([0] + [p.data.size for p in params]).tolist()
+        self.slices = [slice(a, b) for a, b in pairwise(bounds)]
+        total = bounds[-1]
+        self.arrays = {key: np.zeros(total, dtype) for key in keys}
+        self.buffers = {"grad": np.empty(total, dtype), "data": np.empty(total, dtype)}
+        self.views = {key: self.split(array) for key, array in self.arrays.items()}
+        self.grad_views = self.split(self.buffers["grad"])
+        for i, p in enumerate(self.params):
+            entry = state[p]
+            for key in keys:
+                if key in entry:
+                    self.views[key][i][...] = entry[key]
+                entry[key] = self.views[key][i]
+
+    def split(self, flat: np.ndarray) -> list:
+        """Per-parameter views of a flat array of shape (N,), shaped like the parameters."""
+        return [flat[s].reshape(shape) for s, shape in zip(self.slices, self.shapes)]
+
+    def owns(self, params: list, state: dict, keys: tuple) -> bool:
+        """True while the group and every ``state[p][key]`` are still this object's views."""
+        if params != self.params or set(keys) != set(self.arrays):
+            return False
+        for i, p in enumerate(params):
+            entry = state.get(p)
+            if entry is None or any(entry.get(k) is not self.views[k][i] for k in keys):
+                return False
+        return True
+
+    def gather(self, arrays: list, into: str = "grad") -> np.ndarray:
+        """Copy ``arrays`` (one per parameter) into a flat buffer of shape (N,) and return it."""
+        return np.concatenate([a.reshape(-1) for a in arrays], out=self.buffers[into])
+
+    def owns_grads(self, params: list) -> bool:
+        """True when every ``p.grad`` is this object's view of its flat gradient buffer."""
+        return all(p.grad is view for p, view in zip(params, self.grad_views))
+
+    def adopt_grads(self, params: list) -> np.ndarray:
+        """The group's gradients as one flat array (N,); afterwards each ``p.grad`` is a view.
+
+        Gradients already there (written in place after ``zero_grad(set_to_none=False)``) cost
+        nothing; new ones are copied in once and rebound (same values, new home).
+        """
+        flat = self.buffers["grad"]
+        if not self.owns_grads(params):
+            self.gather([p.grad for p in params])
+            for p, view in zip(params, self.grad_views):
+                p.grad = view  # not zeroed: the next add_grad adds into it
+        return flat
+
+
+def flat_state(opt, group: dict, live: list, keys: tuple) -> FlatState | None:
+    """``group``'s state as a FlatState (cached on ``opt``), when every parameter steps together.
+
+    Eligible when all of the group's parameters (two or more, one dtype) have a gradient this
+    step (``live``: ``(p, grad)`` pairs) and share one step count; otherwise None and the
+    optimizer steps each parameter on its own. A cached FlatState is reused while it still owns
+    the state; anything that replaced the state (``load_state_dict``, new ``keys`` after a
+    hyperparameter changed) is noticed and the arrays are packed anew. A parameter whose state
+    exists but lacks one of ``keys`` (or its step) raises, as the per-parameter path does:
+    it is never zero-filled.
+    """
+    params = group["params"]
+    if len(live) != len(params) or len(params) < 2:
+        return None
+    dtype = params[0].data.dtype
+    if any(p.data.dtype != dtype or g.dtype != dtype for p, g in live):
+        return None
+    state = opt.state
+    steps = {state[p].get("step") if p in state else 0 for p in params}
+    if len(steps) != 1:
+        return None
+    cache = opt._flat.get(id(group))
+    if cache is not None and cache.owns(params, state, keys):
+        return cache
+    for p in params:
+        entry = state.get(p)
+        if entry is not None and (missing := [k for k in ("step", *keys) if k not in entry]):
+            raise opt._incomplete_state(p, missing)
+    for p in params:
+        state.setdefault(p, {"step": 0})
+    cache = opt._flat[id(group)] = FlatState(params, state, keys, dtype)
+    return cache

@@ -1,0 +1,71 @@
+"""SGD with PyTorch's exact update: momentum, dampening, Nesterov, weight decay, maximize."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .optimizer import Optimizer, StateKeys
+
+__all__ = ["SGD"]
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent with optional momentum, dampening, Nesterov, weight decay.
+
+    Per step, as in PyTorch (``g`` the gradient, negated when ``maximize``)::
+
+        g = g + weight_decay * p                     (if weight_decay)
+        buf = g  (first step)  |  buf = momentum * buf + (1 - dampening) * g
+        g = g + momentum * buf  (nesterov)  |  g = buf          (if momentum)
+        p = p - lr * g
+
+    Only ``momentum != 0`` keeps state (``'momentum_buffer'``, shaped like the parameter).
+    """
+
+    _state_names = frozenset({"momentum_buffer"})
+
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0, dampening: float = 0,
+                 weight_decay: float = 0, nesterov: bool = False, *, maximize: bool = False):
+        defaults = {"lr": lr, "momentum": momentum, "dampening": dampening,
+                    "weight_decay": weight_decay, "nesterov": nesterov, "maximize": maximize}
+        super().__init__(params, defaults)
+
+    def _validate(self, group: dict) -> None:
+        _check(group["lr"] >= 0.0, f"Invalid learning rate: {group['lr']} (must be >= 0)")
+        _check(group["momentum"] >= 0.0, f"Invalid momentum value: {group['momentum']} "
+                                         "(must be >= 0)")
+        _check(group["weight_decay"] >= 0.0, f"Invalid weight_decay value: "
+                                             f"{group['weight_decay']} (must be >= 0)")
+        _check(not group["nesterov"] or (group["momentum"] > 0 and group["dampening"] == 0),
+               "Nesterov momentum requires a momentum > 0 and zero dampening")
+
+    def _state_keys(self, group: dict) -> StateKeys:
+        # None (what old PyTorch versions saved) means "no buffer yet", as PyTorch reads it
+        return {"momentum_buffer": ("array-or-none", group["momentum"] != 0)}
+
+    def _state_context(self, group: dict) -> str:
+        return f"momentum={group['momentum']}"
+
+    def _update(self, group: dict) -> None:
+        lr, momentum = float(group["lr"]), float(group["momentum"])
+        dampening, weight_decay = float(group["dampening"]), float(group["weight_decay"])
+        nesterov, maximize = group["nesterov"], group["maximize"]
+        for p, grad in self._trainable(group):
+            g = -grad if maximize else grad
+            if weight_decay != 0:
+                g = g + weight_decay * p.data
+            if momentum != 0:
+                state = self.state.setdefault(p, {})
+                buf = state.get("momentum_buffer")
+                if buf is None:
+                    buf = state["momentum_buffer"] = np.array(g, dtype=p.data.dtype)
+                else:
+                    buf *= momentum
+                    buf += (1.0 - dampening) * g
+                g = g + momentum * buf if nesterov else buf
+            p.data -= lr * g
