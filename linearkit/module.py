@@ -14,7 +14,6 @@ Every ``vjp`` a subclass defines is wrapped once here so that its closure:
 from __future__ import annotations
 
 import functools
-import inspect
 from collections import OrderedDict, namedtuple
 from collections.abc import Callable, Iterator
 
@@ -195,6 +194,8 @@ def _guarded_vjp(vjp: Callable) -> Callable:
 @functools.lru_cache(maxsize=None)
 def _input_grad_position(vjp: Callable) -> int | None:
     """The positional index (after self) of a vjp's ``input_grad`` parameter; None if it has none."""
+    import inspect  # only when a hook is registered: importing it costs ~8 ms
+
     names = [p.name for p in inspect.signature(vjp).parameters.values()
              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return names.index("input_grad") - 1 if "input_grad" in names else None
