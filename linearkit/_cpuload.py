@@ -24,13 +24,12 @@ def cpu_ids() -> tuple:
 
 class LoadMeter:
     """``others()`` -> cores other processes kept busy since the previous call (None on the
-    first call, or without ``/proc/stat``); ``running`` -> the runnable tasks at that moment."""
+    first call, or without ``/proc/stat``)."""
 
     def __init__(self):
         self.cpus = cpu_ids()
         self._prefixes = tuple(f"cpu{i} ".encode() for i in self.cpus)
         self._last: tuple | None = None
-        self.running: int | None = None
         self.available = os.path.exists("/proc/stat")
 
     def _busy_seconds(self) -> float | None:
@@ -46,8 +45,6 @@ class LoadMeter:
                 v = line.split()
                 # user nice system [idle iowait] irq softirq steal; guest is inside user
                 busy += int(v[1]) + int(v[2]) + int(v[3]) + int(v[6]) + int(v[7]) + int(v[8])
-            elif line.startswith(b"procs_running "):
-                self.running = int(line.split()[1])
         return busy / _TICK
 
     def others(self) -> float | None:

@@ -17,10 +17,9 @@ The default policy (``get_policy() == "adaptive"``), decided before each GEMM of
   the CPU time of the process's cores (``/proc/stat``, restricted to the CPUs this process may
   run on) minus this process's own (``time.process_time``) says how busy other processes kept
   them; a core more than ``BUSY_CORE`` busy with others is not used;
-* it backs off at once: on the first sample that shows contention, or sooner when a
-  multi-threaded GEMM took ``SLOW_FACTOR`` times longer than the best seen per multiply-add
-  (then it stays on one thread for ``HOLD_S``); it goes back up only after ``UP_SAMPLES``
-  calm samples in a row. On a system without ``/proc/stat`` every GEMM runs on one thread.
+* it backs off at once, on the first sample that shows contention, and goes back up only after
+  ``UP_SAMPLES`` calm samples in a row.
+  On a system without ``/proc/stat`` every GEMM runs on one thread.
 
 ``set_num_threads(n)`` replaces the policy by a fixed count for every GEMM (and every other BLAS
 call of the process) until ``reset_num_threads()``; ``num_threads(n)`` does the same inside a
@@ -46,9 +45,7 @@ from ._cpuload import LoadMeter, cpu_ids
 
 __all__ = [
     "BUSY_CORE",
-    "HOLD_S",
     "SAMPLE_S",
-    "SLOW_FACTOR",
     "SMALL_GEMM_MACS",
     "UP_SAMPLES",
     "get_num_threads",
@@ -69,11 +66,6 @@ SAMPLE_S = 0.2
 BUSY_CORE = 0.2
 # Calm samples in a row before a large GEMM may use more threads again.
 UP_SAMPLES = 2
-# A multi-threaded GEMM (until the next GEMM starts) this many times slower than the best seen
-# per multiply-add, and at least SLOW_EXTRA_S slower, means contention: one thread for HOLD_S.
-SLOW_FACTOR = 6.0
-SLOW_EXTRA_S = 2e-3
-HOLD_S = 1.0
 
 # ---- read by linearkit.functional on every GEMM: a GEMM with at least this many multiply-adds
 # calls before_gemm(). 0 until the first GEMM (which finds the libraries); afterwards
@@ -94,11 +86,7 @@ _allowed = 1                   # threads a large GEMM may use now
 _calm = 0                      # calm samples in a row that would allow more threads
 _others: float | None = None   # cores other processes kept busy in the last sample
 _next_sample = -math.inf       # time.monotonic() after which the next sample is taken
-_hold_until = -math.inf        # no going up before this (after the watchdog fired)
-_big_start: float | None = None  # when the last multi-threaded large GEMM was started
-_big_macs = 0
-_best_rate = math.inf          # the fastest seconds per multiply-add seen multi-threaded
-_backoffs = 0                  # times the watchdog fired (for info())
+_backoffs = 0                  # samples that took threads away (for info())
 
 
 def set_num_threads(n: int) -> None:
@@ -191,7 +179,7 @@ def num_threads(n: int | None):
 def info() -> dict:
     """The policy's state, for reports: policy, threads (fixed count or adaptive ceiling), the
     count the libraries run now, what a large GEMM may use, the last load sample (cores other
-    processes used), how often the watchdog backed off, and each library's path."""
+    processes used), how often a sample took threads away, and each library's path."""
     _refresh()
     return {
         "policy": get_policy(),
@@ -210,14 +198,11 @@ def info() -> dict:
 def before_gemm(macs: int) -> None:
     """Set the BLAS threads for a GEMM of ``macs`` multiply-adds (called by functional.py when
     ``macs >= switch_macs``; a few hundred ns when nothing changes)."""
-    global _big_start, _big_macs
     if _setters is None:
         _ensure()
         if _unavailable:
             return
     now = time.monotonic()
-    if _big_start is not None:
-        _watch(now)
     if now >= _next_sample:
         _tick(now)
     if _user is not None:
@@ -226,26 +211,8 @@ def before_gemm(macs: int) -> None:
         want = 1
     else:
         want = _allowed
-        if want > 1:
-            _big_start, _big_macs = now, macs
     if want != _current:
         _apply(want)
-
-
-def _watch(now: float) -> None:
-    """The last multi-threaded large GEMM started at ``_big_start``; this GEMM starts now. Far
-    slower than the best rate seen means other processes took the cores: back off at once."""
-    global _big_start, _best_rate, _allowed, _calm, _hold_until, _backoffs
-    took, _big_start = now - _big_start, None
-    if took > 1.0:  # a pause in the caller's loop, not a GEMM; the sample now due decides
-        return
-    rate = took / _big_macs
-    if rate < _best_rate:
-        _best_rate = rate
-    elif took > SLOW_FACTOR * _best_rate * _big_macs and \
-            took > _best_rate * _big_macs + SLOW_EXTRA_S:
-        _allowed, _calm, _hold_until = 1, 0, now + HOLD_S
-        _backoffs += 1
 
 
 def _tick(now: float) -> None:
@@ -257,13 +224,13 @@ def _tick(now: float) -> None:
         if _current is not None:
             _apply(_current)
     if _user is None and _blas_default > 1:
-        _sample(now)
+        _sample()
 
 
-def _sample(now: float) -> None:
+def _sample() -> None:
     """Update ``_allowed`` from how busy other processes kept this process's cores: down at
-    once, up after UP_SAMPLES calm samples in a row (and not while a back-off holds)."""
-    global _meter, _allowed, _calm, _others
+    once, up after UP_SAMPLES calm samples in a row."""
+    global _meter, _allowed, _calm, _others, _backoffs
     if _meter is None:
         _meter = LoadMeter()
     others = _meter.others()
@@ -273,13 +240,12 @@ def _sample(now: float) -> None:
     _others = others
     ncpu = len(_meter.cpus)
     cap = max(1, min(_blas_default, int(ncpu - others + BUSY_CORE)))
-    if _meter.running is not None and _meter.running > ncpu:  # someone is waiting right now
-        cap = 1
     if cap < _allowed:
         _allowed, _calm = cap, 0
+        _backoffs += 1
     elif cap > _allowed:
         _calm += 1
-        if _calm >= UP_SAMPLES and now >= _hold_until:
+        if _calm >= UP_SAMPLES:
             _allowed, _calm = cap, 0
     else:
         _calm = 0

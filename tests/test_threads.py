@@ -13,8 +13,8 @@ from linearkit import threads as T
 
 threadpoolctl = pytest.importorskip("threadpoolctl")
 
-STATE = ("_user", "_current", "_allowed", "_calm", "_others", "_next_sample", "_hold_until",
-         "_big_start", "_big_macs", "_best_rate", "_backoffs", "_meter", "_blas_default")
+STATE = ("_user", "_current", "_allowed", "_calm", "_others", "_next_sample", "_backoffs",
+         "_meter", "_blas_default")
 
 
 @pytest.fixture(autouse=True)
@@ -149,8 +149,8 @@ def test_results_agree_whatever_the_thread_count():
 class FakeMeter:
     """Stands in for the /proc/stat sampler: returns the scripted other-process loads."""
 
-    def __init__(self, loads, running=None, cpus=(0, 1)):
-        self.loads, self.running, self.cpus, self.available = list(loads), running, cpus, True
+    def __init__(self, loads, cpus=(0, 1)):
+        self.loads, self.cpus, self.available = list(loads), cpus, True
 
     def others(self):
         return self.loads.pop(0)
@@ -158,64 +158,32 @@ class FakeMeter:
 
 def test_sampling_backs_off_at_once_and_comes_back_after_calm_samples():
     T.reset_num_threads()
-    T._blas_default, T._allowed, T._calm, T._hold_until = 2, 1, 0, float("-inf")
+    T._blas_default, T._allowed, T._calm, T._backoffs = 2, 1, 0, 0
     T._meter = FakeMeter([0.0, 0.02, 1.0, 0.0, 0.0, 0.5, 0.05])
-    T._sample(0.0)
+    T._sample()
     assert T._allowed == 1  # one calm sample is not enough
-    T._sample(0.2)
+    T._sample()
     assert T._allowed == 2  # two in a row
-    T._sample(0.4)
+    T._sample()
     assert T._allowed == 1  # one busy core: down at once
-    T._sample(0.6)
-    T._sample(0.8)
+    T._sample()
+    T._sample()
     assert T._allowed == 2
-    T._sample(1.0)
-    assert T._allowed == 1  # half a core taken by others is contention too
-    T._meter = FakeMeter([0.0, 0.0], running=3)
-    T._sample(1.2)
-    T._sample(1.4)
-    assert T._allowed == 1  # more runnable tasks than cores right now
+    T._sample()
+    assert T._allowed == 1 and T._backoffs == 2  # half a core taken by others is contention
 
 
 def test_the_ceiling_is_the_blas_own_count():
-    T._blas_default, T._allowed, T._calm, T._hold_until = 1, 1, 0, float("-inf")
+    T._blas_default, T._allowed, T._calm = 1, 1, 0
     T._meter = FakeMeter([0.0, 0.0, 0.0], cpus=(0, 1, 2, 3))
-    for t in (0.0, 0.2, 0.4):
-        T._sample(t)
+    for _ in range(3):
+        T._sample()
     assert T._allowed == 1
     T._blas_default = 3
     T._meter = FakeMeter([0.0, 0.0])
-    T._sample(0.6)
-    T._sample(0.8)
+    T._sample()
+    T._sample()
     assert T._allowed == 2  # two cores here, though the BLAS would take three
-
-
-def test_watchdog_backs_off_when_a_threaded_gemm_is_far_slower_than_the_best_seen():
-    T._allowed, T._best_rate, T._backoffs, T._hold_until = 2, float("inf"), 0, float("-inf")
-    macs = 10_000_000
-    T._big_start, T._big_macs = 0.0, macs
-    T._watch(0.001)  # 1 ms: the best rate so far
-    assert T._allowed == 2 and T._best_rate == pytest.approx(1e-10)
-    T._big_start = 1.0
-    T._watch(1.003)  # 3x slower: noise (e.g. Python work between the GEMMs), no back-off
-    assert T._allowed == 2 and T._backoffs == 0
-    T._big_start = 2.0
-    T._watch(2.020)  # 20x slower: another process took a core
-    assert T._allowed == 1 and T._backoffs == 1 and T._hold_until == pytest.approx(3.02)
-    T._meter = FakeMeter([0.0, 0.0, 0.0])
-    T._blas_default, T._calm = 2, 0
-    T._sample(2.2)
-    T._sample(2.4)
-    assert T._allowed == 1  # calm samples, but the back-off holds
-    T._sample(3.1)
-    assert T._allowed == 2
-
-
-def test_a_pause_in_the_callers_loop_is_not_contention():
-    T._allowed, T._best_rate, T._backoffs = 2, 1e-10, 0
-    T._big_start, T._big_macs = 0.0, 10_000_000
-    T._watch(5.0)
-    assert T._allowed == 2 and T._backoffs == 0
 
 
 def test_info_describes_the_policy():
@@ -270,6 +238,5 @@ def test_docs_state_the_policy_constants_the_code_uses():
     text = (Path(__file__).resolve().parent.parent / "docs" / "threads.md").read_text()
     for fragment in (f"`lk.threads.SMALL_GEMM_MACS` multiply-adds ({T.SMALL_GEMM_MACS:,}",
                      f"`SAMPLE_S` ({T.SAMPLE_S:g})", f"`BUSY_CORE` ({T.BUSY_CORE:.0%})",
-                     f"`SLOW_FACTOR` ({T.SLOW_FACTOR:g})", f"`HOLD_S` ({T.HOLD_S:g})",
                      f"`UP_SAMPLES` ({T.UP_SAMPLES})"):
         assert fragment in text, fragment
