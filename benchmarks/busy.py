@@ -1,7 +1,7 @@
 """The busy-machine group's machinery: one background process spinning on a core, and how busy
 other processes kept the cores while a case ran.
 
-``pairs`` times one case twice, on the machine as it is ("idle") and with a ``Spinner``
+A ``Plan`` times each case twice, on the machine as it is ("idle") and with a ``Spinner``
 running ("busy"), and records beside each median the cores other processes used meanwhile
 (``other_cores``: the spinner alone is ~1.0; more than ~0.2 in an "idle" row means someone
 else was competing and that row is pessimistic).
@@ -103,17 +103,55 @@ class OtherLoad:
             self.cores = max(0.0, (b1 - b0) - (time.process_time() - p0)) / dt
 
 
-def pairs(rec, name: str, build, *args, setting=contextlib.nullcontext, train: bool = True,
-          **meta) -> None:
-    """Time ``build(*args)`` (a ``prepare``, see benchmarks.timing) idle, then with one spinner.
+class Plan:
+    """The busy group of one framework: ``add`` its cases, then ``run`` them.
 
-    Results land under ``{name}:idle`` and ``{name}:busy``, each with ``other_cores``.
-    ``setting()`` is a context (e.g. a thread count) held around both measurements; ``train``
-    selects the training steps' timing (garbage collector on, longer repeats).
+    Each case is timed as a pair: idle, then at once with one ``Spinner`` (so a drift of the
+    machine's speed over minutes does not enter its ratio). ``cfg["busy_rounds"]`` rounds run
+    every pair, in reversed order every other round; each (case, state) keeps its least
+    disturbed round (the lowest median, as ``--rounds`` does), with every round's median under
+    ``round_medians_s``. Results land under ``{name}:idle`` and ``{name}:busy``, each with
+    ``other_cores`` (the cores other processes used meanwhile).
     """
-    for state in ("idle", "busy"):
-        with setting(), Spinner() if state == "busy" else contextlib.nullcontext():
-            with OtherLoad() as load:
-                rec.time(f"{name}:{state}", build, *args, train=train, **meta)
-        if f"{name}:{state}" in rec.results:
-            rec.results[f"{name}:{state}"]["other_cores"] = load.cores
+
+    def __init__(self, rec):
+        self.rec = rec
+        self.cases: list[tuple] = []
+
+    def add(self, name: str, build, *args, setting=contextlib.nullcontext, train: bool = True,
+            **meta) -> None:
+        """``build(*args)`` returns a ``prepare`` (benchmarks.timing); ``setting()`` is a
+        context held around both measurements (e.g. a thread count); ``train`` selects the
+        training steps' timing (garbage collector on, longer repeats)."""
+        self.cases.append((name, build, args, setting, train, meta))
+
+    def run(self) -> None:
+        rec = self.rec
+        if self.cases:  # the process's first second runs slow (allocation, clocks): not timed
+            name, build, args, setting, _, _ = self.cases[0]
+            with setting():
+                _warm(build(*args))
+        found: dict[str, list[dict]] = {}
+        for r in range(max(1, rec.cfg.get("busy_rounds", 1))):
+            for name, build, args, setting, train, meta in \
+                    (self.cases if r % 2 == 0 else self.cases[::-1]):
+                for state in ("idle", "busy"):
+                    key = f"{name}:{state}"
+                    with setting(), Spinner() if state == "busy" else contextlib.nullcontext():
+                        with OtherLoad() as load:
+                            rec.time(key, build, *args, train=train, **meta)
+                    if key in rec.results:
+                        found.setdefault(key, []).append(
+                            {**rec.results.pop(key), "other_cores": load.cores})
+        for key, results in found.items():
+            best = dict(min(results, key=lambda res: res["median_s"]))
+            best["round_medians_s"] = [res["median_s"] for res in results]
+            rec.results[key] = best
+            rec.errors.pop(key, None)
+
+
+def _warm(prepare, seconds: float = 1.0) -> None:
+    start, n = time.perf_counter(), 1
+    while time.perf_counter() - start < seconds:
+        prepare(n)()
+        n *= 2

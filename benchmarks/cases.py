@@ -64,14 +64,14 @@ def config(quick: bool | str) -> dict:
     if quick == "smoke":
         return {"quick": "smoke", "repeats": 1, "min_time": 0.001, "train_min_time": 0.001,
                 "recipe_steps": 30, "recipe_repeats": 1, "import_repeats": 1,
-                "profile_steps": 20}
+                "profile_steps": 20, "busy_rounds": 1}
     if quick:
         return {"quick": True, "repeats": 3, "min_time": 0.06, "train_min_time": 0.12,
                 "recipe_steps": 1000, "recipe_repeats": 3, "import_repeats": 3,
-                "profile_steps": 300}
+                "profile_steps": 300, "busy_rounds": 1}
     return {"quick": False, "repeats": 7, "min_time": 0.2, "train_min_time": 0.3,
             "recipe_steps": 6000, "recipe_repeats": 3, "import_repeats": 7,
-            "profile_steps": 1500}
+            "profile_steps": 1500, "busy_rounds": 2}
 
 
 def shape_name(shape) -> str:

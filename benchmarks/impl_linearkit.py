@@ -268,15 +268,17 @@ def gemm_case(m: int, k: int, n: int):
 
 
 def busy(rec) -> None:
-    from .busy import pairs
+    from .busy import Plan
 
+    plan = Plan(rec)
     fixed = lk.threads.num_threads
     rec.put("policy", lk.threads.info())
     for name, build in busy_builds().items():
-        pairs(rec, f"{name}/default", build)
-        pairs(rec, f"{name}/1thread", build, setting=lambda: fixed(1))
-        pairs(rec, f"{name}/2threads", build, setting=lambda: fixed(2))
+        plan.add(f"{name}/default", build)
+        plan.add(f"{name}/1thread", build, setting=lambda: fixed(1))
+        plan.add(f"{name}/2threads", build, setting=lambda: fixed(2))
     for m, k, n in cases.BUSY_GEMMS:
         for t in (1, 2):
-            pairs(rec, f"gemm:{m}x{k}x{n}/{t}t", gemm_case, m, k, n,
-                  setting=lambda t=t: fixed(t), train=False, macs=m * k * n)
+            plan.add(f"gemm:{m}x{k}x{n}/{t}t", gemm_case, m, k, n,
+                     setting=lambda t=t: fixed(t), train=False, macs=m * k * n)
+    plan.run()

@@ -353,8 +353,10 @@ def busy_builds():
 
 
 def busy(rec) -> None:
-    from .busy import pairs
+    from .busy import Plan
 
+    plan = Plan(rec)
     for name, build in busy_builds().items():
-        pairs(rec, f"{name}/default", build)
-        pairs(rec, f"{name}/1thread", build, setting=one_blas_thread)
+        plan.add(f"{name}/default", build)
+        plan.add(f"{name}/1thread", build, setting=one_blas_thread)
+    plan.run()

@@ -214,7 +214,9 @@ def one_thread():
 
 
 def busy(rec) -> None:
-    from .busy import pairs
+    from .busy import Plan
+
+    plan = Plan(rec)
     from .impl_numpy import readme_batch, recipe_stream
 
     r = cases.RECIPE
@@ -250,5 +252,6 @@ def busy(rec) -> None:
         return lambda n: loop(n, one)
 
     for name, build in (("recipe", recipe), ("readme", readme), ("mlp128", mlp128)):
-        pairs(rec, f"{name}/default", build)
-        pairs(rec, f"{name}/1thread", build, setting=one_thread)
+        plan.add(f"{name}/default", build)
+        plan.add(f"{name}/1thread", build, setting=one_thread)
+    plan.run()
