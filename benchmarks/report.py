@@ -475,7 +475,8 @@ def targets(v: View) -> list[list[str]]:
 
 
 def all_sections(v: View) -> list[dict]:
-    sections = [_section("Targets (issue 3)", ["target", "measured", "status"], targets(v))]
+    sections = [_section("Targets (issues 3 and 7)", ["target", "measured", "status"],
+                         targets(v))]
     builders = [("large", large_section), ("small", small_section), ("batch1", batch1_section),
                 ("mlp", mlp_sections), ("recipe", recipe_section),
                 ("footprint", footprint_section), ("memory", memory_section),
