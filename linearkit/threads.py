@@ -2,10 +2,10 @@
 that stays fast when another process is using a core.
 
 Why a policy: on a shared machine, a BLAS GEMM split over every core waits at each barrier for
-a thread the OS has handed to someone else. Measured on a 2-core machine with one other busy
-process, a linearkit training step got 50-130x slower with the BLAS default (every core), and
-stayed within ~2.5x with one BLAS thread; on an idle machine two threads save at most 1.7x, and
-only on large GEMMs (docs/threads.md has the numbers).
+a thread the OS has handed to someone else. Issue 7 measured a training step 50-130x slower at
+the BLAS default (every core) beside other busy processes on a 2-core machine, and within ~2.5x
+on one BLAS thread; on an idle machine two threads pay off only on large GEMMs.
+docs/threads.md has this repo's measurements (``python -m benchmarks --only busy``).
 
 The default policy (``get_policy() == "adaptive"``), decided before each GEMM of
 ``linearkit.functional`` (``linear``, ``linear_input_grad``, ``linear_weight_grad``):
@@ -18,8 +18,8 @@ The default policy (``get_policy() == "adaptive"``), decided before each GEMM of
   run on) minus this process's own (``time.process_time``) says how busy other processes kept
   them; a core more than ``BUSY_CORE`` busy with others is not used;
 * it backs off at once, on the first sample that shows contention, and goes back up only after
-  ``UP_SAMPLES`` calm samples in a row.
-  On a system without ``/proc/stat`` every GEMM runs on one thread.
+  ``UP_SAMPLES`` calm samples in a row. On a system without ``/proc/stat`` every GEMM runs on
+  one thread.
 
 ``set_num_threads(n)`` replaces the policy by a fixed count for every GEMM (and every other BLAS
 call of the process) until ``reset_num_threads()``; ``num_threads(n)`` does the same inside a
@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 # Below this many multiply-adds a GEMM always runs on one thread. The recipe's GEMMs (at most
-# 100x100x100, 1M) run no faster on two threads and 10-600x slower on two threads beside one
+# 100x100x100, 1M) run no faster on two threads on an idle machine and slower still beside a
 # busy process (docs/threads.md, table 9b, measures the sizes around it).
 SMALL_GEMM_MACS = 1 << 22
 # Seconds between two looks at the machine's load (each look costs ~20 us).
@@ -69,8 +69,10 @@ UP_SAMPLES = 2
 
 # ---- read by linearkit.functional on every GEMM: a GEMM with at least this many multiply-adds
 # calls before_gemm(). 0 until the first GEMM (which finds the libraries); afterwards
-# SMALL_GEMM_MACS while the libraries run one thread, 0 while they run more (so that the next
-# small GEMM switches back), inf when there is nothing to switch (no threadpoolctl).
+# SMALL_GEMM_MACS while the libraries run one thread or a fixed count (large GEMMs still look in
+# every SAMPLE_S: the load, newly loaded libraries), 0 while the policy runs them on more (so
+# that the next small GEMM switches back), inf when there is nothing to switch (no
+# threadpoolctl).
 switch_macs: float = 0
 
 _setters: list | None = None   # one callable per BLAS library, found lazily
