@@ -7,7 +7,7 @@ optimizers that match PyTorch. See README.md.
 
 from . import functional, hooks, init, loop, optim
 from .anomaly import detect_anomaly
-from .errors import AnomalyError, BackwardError, DTypeError, ShapeError
+from .errors import AnomalyError, BackwardError, DTypeError, FormatError, ShapeError
 from .layers import (
     GELU,
     BatchNorm1d,
@@ -44,6 +44,7 @@ __all__ = [
     "DTypeError",
     "Dropout",
     "Flatten",
+    "FormatError",
     "Identity",
     "L1Loss",
     "LayerNorm",

@@ -64,3 +64,20 @@ class BackwardError(_Located, RuntimeError):
 
 class AnomalyError(_Located, FloatingPointError):
     """Raised inside ``linearkit.detect_anomaly()`` when a module first produces NaN or Inf."""
+
+
+class FormatError(ValueError):
+    """A file linearkit was asked to read is malformed or does not fit: names the file, the
+    problem and the likely fix. Nothing has been loaded when it is raised."""
+
+    def __init__(self, problem: str, *, path=None, hint: str | None = None):
+        super().__init__(problem)
+        self.problem = problem
+        self.path = None if path is None else str(path)
+        self.hint = hint
+
+    def __str__(self) -> str:
+        text = f"{self.path}: {self.problem}" if self.path is not None else self.problem
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
