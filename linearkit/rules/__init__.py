@@ -29,8 +29,10 @@ and a rule registered for a type replaces the one it had. The built-in rules are
 
 from . import costs
 from .builtin import register_builtin_rules
-from .registry import LayerRule, RuleHandle, register_rule, rule_for
+from .rebuild import Rebuild
+from .registry import LayerRule, RuleHandle, register_rule, registered_types, rule_for
 
 register_builtin_rules()
 
-__all__ = ["LayerRule", "RuleHandle", "costs", "register_rule", "rule_for"]
+__all__ = ["LayerRule", "Rebuild", "RuleHandle", "costs", "register_rule", "registered_types",
+           "rule_for"]

@@ -8,6 +8,7 @@ the costs read only what a PyTorch twin has too, so the ledger's torch path coun
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ..layers import (
     GELU,
@@ -31,6 +32,7 @@ from ..layers import (
 from ..layers.container import trains
 from ..layers.norm import check_batch_norm_input
 from .costs import ZERO, elementwise_cost, lead, linear_cost, norm_module_cost
+from .rebuild import BUILTIN_REBUILDS
 from .registry import LayerRule, register_rule
 
 __all__ = ["ACTIVATIONS", "linear_text"]
@@ -212,11 +214,11 @@ RESIDUAL = LayerRule(
 
 
 def register_builtin_rules() -> None:
-    """Register the rule of every shipped layer (done once, when ``linearkit.rules`` loads)."""
-    for layer_type, rule in ((Linear, LINEAR), (LazyLinear, LAZY_LINEAR), (Identity, IDENTITY),
-                             (Flatten, FLATTEN), (Dropout, DROPOUT), (LayerNorm, LAYER_NORM),
-                             (BatchNorm1d, BATCH_NORM), (Sequential, SEQUENTIAL),
-                             (Residual, RESIDUAL)):
-        register_rule(layer_type, rule)
-    for cls in ACTIVATIONS:
-        register_rule(cls, _activation(cls))
+    """Register the rule of every shipped layer (done once, when ``linearkit.rules`` loads),
+    each with how a model file rebuilds it (``rebuild.BUILTIN_REBUILDS``)."""
+    rules = [(Linear, LINEAR), (LazyLinear, LAZY_LINEAR), (Identity, IDENTITY),
+             (Flatten, FLATTEN), (Dropout, DROPOUT), (LayerNorm, LAYER_NORM),
+             (BatchNorm1d, BATCH_NORM), (Sequential, SEQUENTIAL), (Residual, RESIDUAL)]
+    rules += [(cls, _activation(cls)) for cls in ACTIVATIONS]
+    for layer_type, rule in rules:
+        register_rule(layer_type, replace(rule, rebuild=BUILTIN_REBUILDS[layer_type]))

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LayerRule", "RuleHandle", "register_rule", "rule_for"]
+__all__ = ["LayerRule", "RuleHandle", "register_rule", "registered_types", "rule_for"]
 
 Shape = tuple
 #: ``(macs, gemm_flops, bias_flops, elementwise_flops, backward_macs, backward_flops)``.
@@ -184,3 +184,8 @@ def rule_for(module_or_type) -> LayerRule | None:
         if rule is not None:
             return rule
     return None
+
+
+def registered_types() -> list[type]:
+    """Every layer type that has a rule of its own, in registration order."""
+    return list(_RULES)
