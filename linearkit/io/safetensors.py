@@ -1,6 +1,10 @@
 """Save and load weights as ``.safetensors`` — a format that cannot execute code on load.
 
-Uses the official ``safetensors`` package (the ``cli`` extra), imported only when called.
+Writing uses the official ``safetensors`` package (the ``cli`` extra), imported only when called.
+Reading goes through linearkit's own strict reader (:mod:`.safetensors_header`): the header is
+checked in full — stricter than the reference loader, which accepts duplicate names — and any
+defect is a :class:`~linearkit.FormatError` naming the file; F16 reads natively, BF16 through
+``ml_dtypes`` (also the ``cli`` extra).
 Keys are the model's state-dict keys (PyTorch's naming), so files move both ways between
 linearkit and PyTorch (``safetensors.torch.load_file`` reads them directly).
 """
@@ -8,9 +12,14 @@ linearkit and PyTorch (``safetensors.torch.load_file`` reads them directly).
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
+import warnings
 
 import numpy as np
+
+from ..errors import FormatError
+from .safetensors_header import read_tensors
 
 __all__ = ["load", "save"]
 
@@ -35,9 +44,13 @@ def _new_file_mode() -> int:
 def save(model_or_state, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> str:
     """Write a model's ``state_dict()`` (or a dict of arrays) to ``path``, atomically.
 
-    The file is written to a temporary name in the same folder and renamed into place, so an
-    interrupted save never leaves a truncated file where a good one was. The model's ``repr`` is
-    stored in the metadata under ``"linearkit.model"``. Returns the path written.
+    One layer of temp-file-and-rename: the bytes go to ``.tmp-*.safetensors`` in the same
+    folder, are fsync'ed, and the temp file is renamed over ``path`` (``os.replace``), so ``path``
+    is always either the old file or the complete new one. After an exception the temp file is
+    removed. A SIGKILL (or power loss) mid-save can leave one ``.tmp-*.safetensors`` beside the
+    target — safe to delete — but never a truncated target. A new file gets the mode the umask
+    gives any new file; overwriting keeps the old file's mode. The model's ``repr`` is stored in
+    the metadata under ``"linearkit.model"``. Returns the path written.
     """
     st = _safetensors_numpy()
     state = model_or_state.state_dict() if hasattr(model_or_state, "state_dict") else model_or_state
@@ -51,29 +64,73 @@ def save(model_or_state, path: str | os.PathLike, metadata: dict[str, str] | Non
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=folder)
-    os.close(fd)
     try:
-        st.save_file(arrays, tmp, metadata=meta)
-        os.chmod(tmp, _new_file_mode())  # mkstemp's 0600 would survive the rename
+        mode = stat.S_IMODE(os.stat(path).st_mode)  # overwriting keeps the old file's mode
+    except FileNotFoundError:
+        mode = _new_file_mode()  # mkstemp's 0600 would otherwise survive the rename
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            # safetensors serializes to bytes; we write them, so there is no second temp file.
+            f.write(st.save(arrays, metadata=meta))
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    _fsync_folder(folder)
     return path
 
 
-def load(path: str | os.PathLike, model=None, strict: bool = True):
-    """Read a ``.safetensors`` file.
+def _fsync_folder(folder: str) -> None:
+    """Make the rename itself durable where the platform allows it (POSIX)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # pragma: no cover - Windows cannot open a folder
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - some filesystems refuse
+        pass
+    finally:
+        os.close(fd)
 
-    Without ``model``: returns the dict of arrays (state-dict keys -> ndarrays).
-    With ``model``: loads them into it via ``model.load_state_dict(..., strict)`` and returns
-    the model (a LazyLinear materializes from the file's shapes).
+
+def load(path: str | os.PathLike, model=None, strict: bool = True, strict_finite: bool = False):
+    """Read a ``.safetensors`` file, strictly; nothing is loaded unless all of it is sound.
+
+    The header is checked in full first (:mod:`linearkit.io.safetensors_header`): any defect —
+    truncation, a duplicate name, bad offsets or dtypes, a pickle given by mistake — is a
+    :class:`~linearkit.FormatError` naming the file, the problem and the fix. No code runs.
+
+    Without ``model``: returns the dict of arrays (state-dict keys -> ndarrays; F16 as
+    ``float16``, BF16 as ``ml_dtypes.bfloat16``). With ``model``: loads them into it via
+    ``model.load_state_dict(..., strict)`` and returns the model (a LazyLinear materializes from
+    the file's shapes); BF16/F8 tensors are widened to float32 first (exact), then cast to the
+    model's dtype like any other value. A shape mismatch, or with ``strict`` a missing or
+    unexpected key, is a FormatError naming the file (the RuntimeError chained), and the model is
+    unchanged. NaN/Inf in a float tensor: a ``UserWarning`` naming the tensors, or with
+    ``strict_finite=True`` a FormatError (before the model is touched).
     """
-    st = _safetensors_numpy()
-    state = st.load_file(os.fspath(path))
+    path = os.fspath(path)
+    state, _ = read_tensors(path)
+    bad = [name for name, a in state.items() if a.dtype.kind in "fV" and not np.isfinite(a).all()]
+    if bad:
+        problem = f"non-finite values (NaN or Inf) in tensor(s) {', '.join(map(repr, bad))}"
+        if strict_finite:
+            raise FormatError(problem, path=path,
+                              hint="the weights diverged or are corrupt; use an earlier checkpoint")
+        warnings.warn(f"{path}: {problem}", UserWarning, stacklevel=2)
     if model is None:
         return state
-    model.load_state_dict(state, strict=strict)
+    state = {k: a.astype(np.float32) if a.dtype.kind == "V" else a for k, a in state.items()}
+    try:
+        model.load_state_dict(state, strict=strict)
+    except RuntimeError as err:
+        raise FormatError(f"does not fit the {type(model).__name__} given: {err}", path=path,
+                          hint="build the model with the architecture the file was saved from, "
+                               "or pass strict=False to skip missing/unexpected keys") from err
     return model

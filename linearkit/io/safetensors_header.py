@@ -1,0 +1,209 @@
+"""A strict reader for ``.safetensors`` files: the header is checked in full before any tensor
+is read, and the tensors are read with NumPy from the checked offsets — no code runs, ever.
+
+Stricter than the reference loader where it is lax: a duplicate tensor name, a header length
+above :data:`HEADER_CAP`, an unknown or lowercase dtype, offsets that overlap, leave a gap or do
+not cover the data section exactly are each a :class:`~linearkit.FormatError` naming the file.
+
+The layout (https://github.com/huggingface/safetensors): 8 bytes little-endian ``N``, then ``N``
+bytes of UTF-8 JSON ``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__":
+{str: str}}``, then the data section; offsets count from the start of the data section.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+
+import numpy as np
+
+from ..errors import FormatError
+
+__all__ = ["HEADER_CAP", "read_header", "read_tensors"]
+
+HEADER_CAP = 100_000_000  # bytes; the reference implementation's own limit
+
+# safetensors dtype name -> NumPy dtype string (little-endian), or an ml_dtypes attribute name.
+_NUMPY_DTYPES = {
+    "BOOL": "|b1", "U8": "|u1", "I8": "|i1", "U16": "<u2", "I16": "<i2", "U32": "<u4",
+    "I32": "<i4", "U64": "<u8", "I64": "<i8", "F16": "<f2", "F32": "<f4", "F64": "<f8",
+}
+_ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+_ITEMSIZE = {**{k: np.dtype(v).itemsize for k, v in _NUMPY_DTYPES.items()},
+             "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
+_ENTRY_FIELDS = {"dtype", "shape", "data_offsets"}
+_REWRITE = "re-export the file with safetensors' save_file (or linearkit.save)"
+
+
+def _fail(path, problem: str, hint: str = _REWRITE):
+    raise FormatError(problem, path=path, hint=hint)
+
+
+def _no_duplicates(path):
+    def hook(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                _fail(path, f"the header names {key!r} twice (a duplicate entry; the reference "
+                            "loader would silently keep the last one)")
+            seen.add(key)
+        return dict(pairs)
+    return hook
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _looks_like(head: bytes) -> str | None:
+    if head[:1] == b"\x80":
+        return "a Python pickle (torch.save's legacy format)"
+    if head[:2] == b"PK":
+        return "a zip archive (torch.save's format)"
+    return None
+
+
+def read_header(path) -> tuple[dict, dict, int, int]:
+    """Read and check the header of ``path``.
+
+    Returns ``(entries, metadata, data_start, data_size)``: ``entries`` maps each tensor name to
+    ``(dtype_name, shape_tuple, begin, end)`` in file order, ``metadata`` is the str->str
+    ``__metadata__`` ({} when absent), the data section spans ``[data_start, data_start +
+    data_size)`` of the file. Raises :class:`~linearkit.FormatError` on any defect.
+    """
+    path = os.fspath(path)
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                what = "empty" if not head else f"only {len(head)} bytes long"
+                _fail(path, f"not a safetensors file: it is {what}, shorter than the 8-byte "
+                            "header length", hint="the file was truncated; write it again")
+            (length,) = struct.unpack("<Q", head)
+            kind = _looks_like(head)
+            if kind is not None and (length > HEADER_CAP or 8 + length > size):
+                _fail(path, f"not a safetensors file: it looks like {kind}, which linearkit "
+                            "never unpickles",
+                      hint="convert it where you trust it: torch.load(path, weights_only=True)"
+                           " then safetensors.torch.save_file")
+            if length > HEADER_CAP:
+                _fail(path, f"header length {length} bytes is above the cap of {HEADER_CAP} "
+                            "bytes (a corrupt or hostile file)")
+            if 8 + length > size:
+                _fail(path, f"header length {length} bytes runs beyond the file "
+                            f"({size} bytes): truncated in the header",
+                      hint="the file was truncated; write it again")
+            if length == 0:
+                _fail(path, "the header is empty (a zero header length)")
+            raw = f.read(length)
+    except OSError as err:
+        raise FormatError(f"cannot read the file: {err}", path=path,
+                          hint="check the path and its permissions") from err
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise FormatError(f"the header is not UTF-8 ({err.reason} at byte {err.start})",
+                          path=path, hint=_REWRITE) from None
+    try:
+        header = json.loads(text, object_pairs_hook=_no_duplicates(path))
+    except json.JSONDecodeError as err:
+        raise FormatError(f"the header is not JSON ({err.msg} at character {err.pos})",
+                          path=path, hint=_REWRITE) from None
+    if not isinstance(header, dict):
+        _fail(path, f"the header is a JSON {type(header).__name__}, not an object")
+    data_start, data_size = 8 + length, size - 8 - length
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        _fail(path, "__metadata__ must map str to str, got "
+                    f"{json.dumps(metadata)[:120]}", hint="store every metadata value as a string")
+    entries = {name: _entry(path, name, spec, data_size) for name, spec in header.items()}
+    _check_layout(path, entries, data_size)
+    return entries, metadata, data_start, data_size
+
+
+def _entry(path, name: str, spec, data_size: int) -> tuple[str, tuple, int, int]:
+    where = f"tensor {name!r}"
+    if not isinstance(spec, dict):
+        _fail(path, f"{where}: the entry is a JSON {type(spec).__name__}, not an object")
+    if set(spec) != _ENTRY_FIELDS:
+        _fail(path, f"{where}: the entry has fields {sorted(spec)}, expected exactly "
+                    f"{sorted(_ENTRY_FIELDS)}")
+    dtype, shape, offsets = spec["dtype"], spec["shape"], spec["data_offsets"]
+    if dtype not in _ITEMSIZE:
+        _fail(path, f"{where}: unknown dtype {dtype!r}; safetensors names are uppercase: "
+                    f"{', '.join(sorted(_ITEMSIZE))}")
+    if not isinstance(shape, list) or not all(_is_int(d) for d in shape):
+        _fail(path, f"{where}: shape must be a list of integers, got {json.dumps(shape)}")
+    if any(d < 0 for d in shape):
+        _fail(path, f"{where}: shape {shape} has a negative dimension")
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(_is_int(o) for o in offsets)):
+        _fail(path, f"{where}: data_offsets must be [begin, end] integers, got "
+                    f"{json.dumps(offsets)}")
+    begin, end = offsets
+    if begin < 0 or end < 0:
+        _fail(path, f"{where}: data_offsets {offsets} are negative")
+    if begin > end:
+        _fail(path, f"{where}: data_offsets {offsets} are reversed (begin after end)")
+    if end > data_size:
+        _fail(path, f"{where}: data_offsets {offsets} are out of range: the data section has "
+                    f"{data_size} bytes (truncated in the data?)")
+    expected = math.prod(shape) * _ITEMSIZE[dtype]
+    if end - begin != expected:
+        _fail(path, f"{where}: data_offsets {offsets} span {end - begin} bytes but shape "
+                    f"{shape} x {dtype} needs {expected} bytes (offsets disagree with shape x "
+                    "dtype)")
+    return dtype, tuple(shape), begin, end
+
+
+def _check_layout(path, entries: dict, data_size: int) -> None:
+    """Tensors must tile the data section exactly: sorted, from 0, no overlap, no gap."""
+    position, previous = 0, None
+    for name, (_, _, begin, end) in sorted(entries.items(), key=lambda kv: kv[1][2:]):
+        if begin < position:
+            _fail(path, f"tensor {name!r} at bytes [{begin}, {end}) overlaps tensor "
+                        f"{previous!r}, which ends at {position}")
+        if begin > position:
+            _fail(path, f"a gap of {begin - position} unused bytes before tensor {name!r} "
+                        f"(bytes [{position}, {begin}) belong to no tensor)")
+        position, previous = end, name
+    if position != data_size:
+        _fail(path, f"{data_size - position} trailing bytes after the last tensor (the data "
+                    f"section has {data_size} bytes, the tensors cover {position})")
+
+
+def _dtype(path, name: str, dtype: str) -> np.dtype:
+    if dtype in _NUMPY_DTYPES:
+        return np.dtype(_NUMPY_DTYPES[dtype])
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise FormatError(f"tensor {name!r} is {dtype}, which NumPy cannot hold without the "
+                          "'ml_dtypes' package", path=path,
+                          hint="pip install 'linearkit[cli]' (or pip install ml_dtypes)") from None
+    return np.dtype(getattr(ml_dtypes, _ML_DTYPES[dtype]))
+
+
+def read_tensors(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Every tensor of ``path`` as a writable native-order ndarray, and the metadata.
+
+    F16 comes back as ``float16``; BF16/F8 as ``ml_dtypes`` arrays (``bfloat16``, ...).
+    """
+    entries, metadata, data_start, _ = read_header(path)
+    tensors = {}
+    with open(os.fspath(path), "rb") as f:
+        for name, (dtype, shape, begin, end) in entries.items():
+            kind = _dtype(path, name, dtype)
+            buffer = np.empty(end - begin, np.uint8)
+            f.seek(data_start + begin)
+            if f.readinto(buffer) != end - begin:  # the file shrank since the header was read
+                _fail(path, f"tensor {name!r}: the file ended inside its data (truncated)",
+                      hint="the file was truncated; write it again")
+            array = buffer.view(kind).reshape(shape)
+            if not array.dtype.isnative:
+                array = array.astype(array.dtype.newbyteorder("="))
+            tensors[name] = array
+    return tensors, metadata
