@@ -217,3 +217,44 @@ def test_mode_new_file_follows_umask_overwrite_keeps_old_mode(tmp_path):
         assert kept.stat().st_mode & 0o777 == 0o604
     finally:
         os.umask(old_umask)
+
+
+def test_a_missing_file_stays_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.safetensors"):
+        lk.load(tmp_path / "nope.safetensors")
+
+
+_SAVER = """
+import sys, numpy as np, linearkit as lk
+state = {"w": np.zeros((512, 1024), np.float32)}  # 2 MB a save
+path = sys.argv[1]
+lk.save(state, path)
+print("ready", flush=True)
+i = 0
+while True:
+    i += 1
+    state["w"][...] = i
+    lk.save(state, path)
+"""
+
+
+def test_sigkill_mid_save_leaves_the_target_whole_and_at_most_one_temp_file(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    path = tmp_path / "w.safetensors"
+    for delay in (0.05, 0.13, 0.21, 0.3):
+        saver = subprocess.Popen([sys.executable, "-c", _SAVER, str(path)],
+                                 stdout=subprocess.PIPE, text=True)
+        assert saver.stdout.readline().strip() == "ready"
+        time.sleep(delay)
+        os.kill(saver.pid, signal.SIGKILL)
+        saver.wait()
+        saver.stdout.close()
+        w = lk.load(path)["w"]  # never truncated: always a whole file
+        assert w.shape == (512, 1024) and (w == w.flat[0]).all()
+        leftovers = [p.name for p in tmp_path.iterdir() if p.name != "w.safetensors"]
+        assert len(leftovers) <= 1 and all(n.startswith(".tmp-") for n in leftovers), leftovers
+        for name in leftovers:  # what a kill can leave, as documented; safe to delete
+            (tmp_path / name).unlink()

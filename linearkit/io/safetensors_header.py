@@ -65,6 +65,35 @@ def _looks_like(head: bytes) -> str | None:
     return None
 
 
+def _raw_header(path: str) -> tuple[bytes, int, int]:
+    """The header's bytes, its length and the file's size, after the length checks."""
+    size = os.path.getsize(path)  # a missing file stays FileNotFoundError, which names it
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            what = "empty" if not head else f"only {len(head)} bytes long"
+            _fail(path, f"not a safetensors file: it is {what}, shorter than the 8-byte "
+                        "header length", hint="the file was truncated; write it again")
+        (length,) = struct.unpack("<Q", head)
+        kind = _looks_like(head)
+        if kind is not None and (length > HEADER_CAP or 8 + length > size):
+            _fail(path, f"not a safetensors file: it looks like {kind}, which linearkit "
+                        "never unpickles",
+                  hint="convert it where you trust it: torch.load(path, weights_only=True)"
+                       " then safetensors.torch.save_file")
+        if length > HEADER_CAP:
+            _fail(path, f"header length {length} bytes is above the cap of {HEADER_CAP} "
+                        "bytes (a corrupt or hostile file)")
+        if 8 + length > size:
+            _fail(path, f"header length {length} bytes runs beyond the file "
+                        f"({size} bytes): truncated in the header",
+                  hint="the file was truncated; write it again")
+        if length == 0:
+            _fail(path, "the header is empty (a zero header length)")
+        raw = f.read(length)
+    return raw, length, size
+
+
 def read_header(path) -> tuple[dict, dict, int, int]:
     """Read and check the header of ``path``.
 
@@ -74,34 +103,7 @@ def read_header(path) -> tuple[dict, dict, int, int]:
     data_size)`` of the file. Raises :class:`~linearkit.FormatError` on any defect.
     """
     path = os.fspath(path)
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                what = "empty" if not head else f"only {len(head)} bytes long"
-                _fail(path, f"not a safetensors file: it is {what}, shorter than the 8-byte "
-                            "header length", hint="the file was truncated; write it again")
-            (length,) = struct.unpack("<Q", head)
-            kind = _looks_like(head)
-            if kind is not None and (length > HEADER_CAP or 8 + length > size):
-                _fail(path, f"not a safetensors file: it looks like {kind}, which linearkit "
-                            "never unpickles",
-                      hint="convert it where you trust it: torch.load(path, weights_only=True)"
-                           " then safetensors.torch.save_file")
-            if length > HEADER_CAP:
-                _fail(path, f"header length {length} bytes is above the cap of {HEADER_CAP} "
-                            "bytes (a corrupt or hostile file)")
-            if 8 + length > size:
-                _fail(path, f"header length {length} bytes runs beyond the file "
-                            f"({size} bytes): truncated in the header",
-                      hint="the file was truncated; write it again")
-            if length == 0:
-                _fail(path, "the header is empty (a zero header length)")
-            raw = f.read(length)
-    except OSError as err:
-        raise FormatError(f"cannot read the file: {err}", path=path,
-                          hint="check the path and its permissions") from err
+    raw, length, size = _raw_header(path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
