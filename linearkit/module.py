@@ -483,7 +483,8 @@ class Module:
             if child is not None:
                 child._save_into(destination, f"{prefix}{name}.", keep_vars)
 
-    def load_state_dict(self, state_dict, strict: bool = True) -> IncompatibleKeys:
+    def load_state_dict(self, state_dict, strict: bool = True, layout: str = "out_in"
+                        ) -> IncompatibleKeys:
         """Copy arrays from ``state_dict`` into this model's parameters and buffers, in place.
 
         Values may be ndarrays or anything ``np.asarray`` accepts (torch tensors included); they
@@ -496,9 +497,21 @@ class Module:
         load that raises leaves the model exactly as it was (a LazyLinear stays lazy), and the
         message names every offending key. A value that cannot be cast losslessly in kind (a
         string, an object, a complex array into a real parameter) is such an error.
+
+        ``layout`` states how the checkpoint stores Linear weights: ``"out_in"`` (PyTorch's
+        ``(out_features, in_features)``, the default) or ``"in_out"`` (Keras, Flax,
+        scikit-learn, hand-written NumPy kernels ``(in_features, out_features)``). With
+        ``"in_out"`` exactly the ``weight`` keys of this model's ``Linear`` (and LazyLinear)
+        modules are transposed before any check — never a guess from shapes, so a 2-D
+        LayerNorm weight is left alone — and shape errors still name the key.
         """
         if not hasattr(state_dict, "keys") or not hasattr(state_dict, "__getitem__"):
             raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
+        if layout not in ("out_in", "in_out"):
+            raise ValueError(f"layout must be 'out_in' (PyTorch's (out_features, in_features)) "
+                             f"or 'in_out' ((in_features, out_features) kernels), got {layout!r}")
+        if layout == "in_out":
+            state_dict = self._linear_weights_transposed(state_dict)
         missing: list[str] = []
         unexpected: list[str] = []
         errors: list[str] = []
@@ -519,11 +532,39 @@ class Module:
                 errors.insert(0, "Missing key(s) in state_dict: {}. ".format(
                     ", ".join(f'"{k}"' for k in missing)))
         if errors:
+            if layout == "in_out":
+                errors.append("(layout='in_out': Linear weights were transposed to "
+                              "(out_features, in_features) before these checks)")
             raise RuntimeError("Error(s) in loading state_dict for {}:\n\t{}".format(
                 type(self).__name__, "\n\t".join(errors)))
         for action in actions:  # nothing failed: now change the model
             action()
         return IncompatibleKeys(missing, unexpected)
+
+    def _linear_weights_transposed(self, state_dict) -> dict:
+        """A shallow copy of ``state_dict`` whose Linear weight keys hold their transposes.
+
+        The keys come from the model (every name of every Linear, shared ones included), never
+        from the values' shapes; a value that is not 2-D is left as it is for the checks to
+        report under its key.
+        """
+        from .layers.linear import Linear  # lazy: layers sit above module.py
+
+        kernels = {prefix + ("." if prefix else "") + "weight"
+                   for prefix, m in self.named_modules(remove_duplicate=False)
+                   if isinstance(m, Linear)}
+        copied = {}
+        for key in state_dict.keys():
+            value = state_dict[key]
+            if key in kernels:
+                try:
+                    array = np.asarray(value)
+                except Exception:  # noqa: BLE001 - reported by _loadable under this key
+                    array = None
+                if array is not None and array.ndim == 2:
+                    value = array.T
+            copied[key] = value
+        return copied
 
     def _local_state(self) -> dict:
         state = {n: p for n, p in self._parameters.items() if p is not None}
