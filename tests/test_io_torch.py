@@ -349,3 +349,42 @@ def test_load_torch_state_reads_bfloat16_as_float32(tmp_path):
     state = load_torch_state(tmp_path / "bf16.pt")
     assert state["w"].dtype == np.float32 and state["n"].dtype == np.int64
     np.testing.assert_array_equal(state["w"], w.float().numpy())
+
+
+# ----------------------------------------------------------------------------- real data, files
+def test_a_torch_mlp_on_mnist1d_converts_with_equal_outputs_and_gradients():
+    data = lk.data.mnist1d()
+    x = data.x_test[:256]
+    torch.manual_seed(0)
+    tm = nn.Sequential(nn.Linear(40, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Dropout(0.1),
+                       nn.Linear(64, 64), nn.LayerNorm(64), nn.GELU(), nn.Linear(64, 10))
+    _randomize(tm[1])
+    tm.eval()
+    model = from_torch(tm)
+    _check_same(tm, model, x)
+    back = to_torch(model)
+    assert_close(back(torch.from_numpy(x)), tm(torch.from_numpy(x)))
+    assert (model(x).argmax(1) == tm(torch.from_numpy(x)).argmax(1).numpy()).all()
+
+
+def test_linearkit_to_safetensors_to_pytorch_to_safetensors_to_linearkit(tmp_path):
+    """The acceptance round trip: our file is read by safetensors.torch into a torch model made
+    by to_torch; torch writes it back; linearkit loads that into a fresh model."""
+    st = pytest.importorskip("safetensors.torch")
+    lk.manual_seed(9)
+
+    def build():
+        return lk.Sequential(lk.Linear(40, 16), lk.BatchNorm1d(16), lk.Tanh(), lk.Linear(16, 10))
+
+    model = build()
+    x = lk.data.mnist1d().x_test[:64]
+    model(x)  # moves the running statistics
+    model.eval()
+    lk.save(model, tmp_path / "a.safetensors")
+    tm = to_torch(build()).eval()
+    tm.load_state_dict(st.load_file(tmp_path / "a.safetensors"))
+    assert_close(tm(torch.from_numpy(x)).detach().numpy(), model(x))
+    st.save_file(tm.state_dict(), tmp_path / "b.safetensors")
+    fresh = build().eval()
+    lk.load(tmp_path / "b.safetensors", fresh)
+    np.testing.assert_array_equal(fresh(x), model(x))
