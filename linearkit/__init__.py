@@ -72,6 +72,7 @@ __all__ = [
     "init",
     "io",
     "load",
+    "load_model",
     "loop",
     "manual_seed",
     "optim",
@@ -87,6 +88,10 @@ def __getattr__(name):
 
     if name in ("analysis", "data", "io", "rules"):
         return importlib.import_module(f".{name}", __name__)
+    if name == "load_model":
+        from .io.model_file import load_model
+
+        return load_model
     if name in ("save", "load"):
         from .io import safetensors as _st
 

@@ -26,10 +26,10 @@ from ._args import (
     storage_dtype,
     threads,
 )
-from .errors import DTypeError, ShapeError
+from .errors import DTypeError, FormatError, ShapeError
 
 #: One line on stderr, exit status 2: mistakes in what the user asked for.
-USER_ERRORS = (UsageError, ShapeError, DTypeError)
+USER_ERRORS = (UsageError, ShapeError, DTypeError, FormatError)
 
 
 def _json_safe(value):

@@ -18,6 +18,8 @@ import warnings
 
 import numpy as np
 
+from .model_file import architecture_metadata
+
 from ..errors import FormatError
 from .safetensors_header import read_tensors
 
@@ -50,7 +52,8 @@ def save(model_or_state, path: str | os.PathLike, metadata: dict[str, str] | Non
     removed. A SIGKILL (or power loss) mid-save can leave one ``.tmp-*.safetensors`` beside the
     target — safe to delete — but never a truncated target. A new file gets the mode the umask
     gives any new file; overwriting keeps the old file's mode. The model's ``repr`` is stored in
-    the metadata under ``"linearkit.model"``. Returns the path written.
+    the metadata under ``"linearkit.model"``, and its architecture (``io.spec``, JSON) under
+    ``"linearkit.spec"``, so ``linearkit.load_model(path)`` rebuilds it. Returns the path written.
     """
     st = _safetensors_numpy()
     state = model_or_state.state_dict() if hasattr(model_or_state, "state_dict") else model_or_state
@@ -60,6 +63,7 @@ def save(model_or_state, path: str | os.PathLike, metadata: dict[str, str] | Non
     meta = {"format": "np"}
     if hasattr(model_or_state, "state_dict"):
         meta["linearkit.model"] = repr(model_or_state)
+        meta.update(architecture_metadata(model_or_state))  # "linearkit.spec": load_model reads it
     meta.update(metadata or {})
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))

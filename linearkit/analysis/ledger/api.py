@@ -91,16 +91,23 @@ def ledger(model, input_shape=None, *, dtype=None, optimizer: str | None = "adam
     notes: list[str] = []
     if isinstance(model, str | os.PathLike):
         path = os.fspath(model)
-        if os.path.isfile(path):
+        if os.path.isfile(path) and _has_architecture(path):
+            from ...io.model_file import load_model
+
+            model, name = load_model(path), os.path.basename(path)  # the file describes itself
+        elif os.path.isfile(path):
             return finish(*read_safetensors(path, override), "safetensors",
                           os.path.basename(path), None, optimizer, master_dtype, rank_check,
-                          [("a weights file has no graph: FLOPs and activations are unavailable; "
+                          [("this weights file has no architecture (saved without "
+                            "linearkit's 'linearkit.spec' metadata), so no graph: FLOPs and "
+                            "activations are unavailable; "
                            "every floating tensor but BatchNorm running statistics is counted "
                            "as a trainable parameter.")])
-        if path not in PRESETS:
+        elif path not in PRESETS:
             raise FileNotFoundError(f"{path!r} is neither a file nor a preset name "
                                     f"({', '.join(PRESETS)})")
-        model, name = preset(path), path
+        else:
+            model, name = preset(path), path
     else:
         name = type(model).__name__
     if isinstance(model, Module):
@@ -120,3 +127,10 @@ def ledger(model, input_shape=None, *, dtype=None, optimizer: str | None = "adam
     if shape is None:
         notes.append("no input_shape: FLOPs and activations are unavailable.")
     return finish(acc, sizes, source, name, shape, optimizer, master_dtype, rank_check, notes)
+
+
+def _has_architecture(path: str) -> bool:
+    """Whether a file written by ``linearkit.save`` stores its architecture."""
+    from ...io.model_file import read_spec
+
+    return read_spec(path) is not None

@@ -1,0 +1,80 @@
+"""Self-describing model files: weights and architecture in one ``.safetensors`` file.
+
+``linearkit.save(model, path)`` stores the architecture (``io.spec``, JSON, never code) in the
+file's metadata under ``"linearkit.spec"``; ``load_model(path)`` rebuilds the model from it and
+loads the weights. Any safetensors reader still reads the tensors (the metadata is str -> str).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+from ..errors import FormatError
+from ..module import Module
+
+__all__ = ["SPEC_KEY", "architecture_metadata", "load_model", "read_spec"]
+
+#: The metadata key that holds the architecture.
+SPEC_KEY = "linearkit.spec"
+
+
+def architecture_metadata(model) -> dict[str, str]:
+    """``{SPEC_KEY: json}`` for a model whose every type can be rebuilt; ``{}`` (and a warning
+    that says why) for one that cannot, whose weights are still saved."""
+    from .spec import model_spec
+
+    if not isinstance(model, Module):
+        return {}
+    try:
+        return {SPEC_KEY: json.dumps(model_spec(model), separators=(",", ":"))}
+    except TypeError as err:
+        warnings.warn(f"saving the weights without the architecture: {err}", stacklevel=3)
+        return {}
+
+
+def read_spec(path) -> dict | None:
+    """The architecture stored in ``path`` (a parsed spec), or None when the file has none."""
+    from .safetensors_header import read_header
+    from .spec import spec_from_json
+
+    _, metadata, _, _ = read_header(path)
+    text = metadata.get(SPEC_KEY)
+    return None if text is None else spec_from_json(text, os.fspath(path))
+
+
+def load_model(path, *, strict_finite: bool = False) -> Module:
+    """Rebuild the model saved in ``path`` and load its weights; returns it.
+
+    Raises
+    ------
+    FormatError
+        The file is malformed, has no architecture (written by another tool or with weights
+        only: build the model yourself and use ``linearkit.load(path, model)``), names a layer
+        type that is not registered, or its tensors do not fit the architecture.
+
+    Examples
+    --------
+    >>> import os, tempfile, numpy as np, linearkit as lk
+    >>> model = lk.Sequential(lk.Linear(3, 2), lk.Tanh())
+    >>> path = os.path.join(tempfile.mkdtemp(), "m.safetensors")
+    >>> _ = lk.save(model, path)
+    >>> again = lk.load_model(path)
+    >>> x = np.ones((1, 3), np.float32)
+    >>> bool((again(x) == model(x)).all())
+    True
+    """
+    from .safetensors import load
+    from .spec import build_model
+
+    path = os.fspath(path)
+    spec = read_spec(path)
+    if spec is None:
+        raise FormatError("the file holds weights but no architecture (no 'linearkit.spec' "
+                          "metadata)", path=path,
+                          hint="build the model in code and load the weights into it: "
+                               "linearkit.load(path, model)")
+    model = build_model(spec, source=path)
+    load(path, model, strict_finite=strict_finite)
+    return model
