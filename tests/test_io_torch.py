@@ -388,3 +388,12 @@ def test_linearkit_to_safetensors_to_pytorch_to_safetensors_to_linearkit(tmp_pat
     fresh = build().eval()
     lk.load(tmp_path / "b.safetensors", fresh)
     np.testing.assert_array_equal(fresh(x), model(x))
+
+
+def test_frozen_parameters_stay_frozen_both_ways():
+    tm = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
+    tm[0].weight.requires_grad_(False)
+    model = from_torch(tm)
+    assert [p.requires_grad for p in model.parameters()] == [False, True, True, True]
+    model[1].bias.requires_grad = False
+    assert [p.requires_grad for p in to_torch(model).parameters()] == [False, True, True, False]

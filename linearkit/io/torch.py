@@ -17,9 +17,10 @@ Decisions:
   keys agree; ``from_torch`` converts it back.
 * ``nn.LazyLinear`` converts once materialized (PyTorch then turns it into an ``nn.Linear``);
   an unmaterialized one, on either side, is refused: its weights do not exist yet.
-* Dtypes are kept (float16, float32, float64), each module's training flag is copied, a module
-  shared under two names stays shared, and every parameter and buffer is copied through
-  ``load_state_dict`` with ``strict=True``, so the state-dict keys are identical.
+* Dtypes are kept (float16, float32, float64); each module's training flag and each
+  parameter's ``requires_grad`` are copied; a module shared under two names stays shared; every
+  parameter and buffer is copied through ``load_state_dict`` with ``strict=True``, so the
+  state-dict keys are identical.
 
 torch is imported inside the functions; without it they raise ``ModuleNotFoundError`` naming
 ``pip install "linearkit[torch]"``.
@@ -207,6 +208,7 @@ def from_torch(module, *, dtype=None) -> Module:
     model = _convert(module, table, container, "torch",
                      lambda m, where: _dtype(m, where, default), {})
     model.load_state_dict({k: v.detach().cpu().numpy() for k, v in module.state_dict().items()})
+    _copy_requires_grad(module.named_parameters(), model.named_parameters())
     return model
 
 
@@ -236,7 +238,15 @@ def to_torch(model: Module):
     module = _convert(model, table, container, "linearkit", dtype_of, {})
     module.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in
                             model.state_dict().items()})
+    _copy_requires_grad(model.named_parameters(), module.named_parameters())
     return module
+
+
+def _copy_requires_grad(source, target) -> None:
+    """Frozen parameters stay frozen (the names agree: the state-dict keys were checked)."""
+    flags = {name: p.requires_grad for name, p in source}
+    for name, p in target:
+        p.requires_grad = flags[name]  # a plain attribute on both sides (torch: a leaf)
 
 
 def load_torch_state(path) -> dict[str, np.ndarray]:
