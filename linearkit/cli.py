@@ -175,6 +175,35 @@ def _ledger(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from .io.inspect_file import describe_file, render
+
+    _need_cli_extra("inspect")
+    if not os.path.isfile(args.file):
+        raise UsageError(f"{args.file}: no such file")
+    info = describe_file(args.file)
+    if args.json:
+        _print_json(info)
+    else:
+        print(render(info))
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from .io.convert import convert
+
+    _need_cli_extra("convert")
+    if not os.path.isfile(args.source):
+        raise UsageError(f"{args.source}: no such file")
+    check_writable_file(args.target)
+    try:
+        convert(args.source, args.target, input_shape=args.input_shape)
+    except ImportError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"wrote {args.target}")
+    return 0
+
+
 def _gradcheck(args: argparse.Namespace) -> int:
     from .analysis.selfcheck import self_check
 
@@ -243,6 +272,24 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--markdown", action="store_true", help="print a markdown table")
     output.add_argument("--json", action="store_true", help="print one JSON object")
     ledger.set_defaults(run=_ledger)
+
+    inspect = commands.add_parser(
+        "inspect", help="tensors, metadata, architecture and size of a .safetensors file",
+        description="What a .safetensors file holds: tensors (dtype, shape, bytes), metadata, "
+                    "the architecture when stored, and the ledger's parameter/memory summary.")
+    inspect.add_argument("file", help="a .safetensors file")
+    inspect.add_argument("--json", action="store_true", help="print one JSON object")
+    inspect.set_defaults(run=_inspect)
+
+    convert = commands.add_parser(
+        "convert", help="convert between .safetensors, .pt/.pth and .onnx",
+        description="Convert a model file: .safetensors <-> .pt/.pth (state dicts; torch "
+                    "needed), .safetensors (with architecture) <-> .onnx.")
+    convert.add_argument("source", help="the file to read")
+    convert.add_argument("target", help="the file to write (its extension picks the format)")
+    convert.add_argument("--input-shape", type=shape, default=None,
+                         help="input shape with batch for an ONNX export, e.g. 1,40")
+    convert.set_defaults(run=_convert)
 
     check = commands.add_parser(
         "gradcheck", help="self-check: every shipped module's backward vs central differences",

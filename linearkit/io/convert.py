@@ -1,0 +1,85 @@
+"""``linearkit convert IN OUT``: move a model between .safetensors, .pt/.pth and .onnx.
+
+| from → to | what it takes |
+|---|---|
+| .safetensors → .pt/.pth | the state dict, as torch tensors (``torch.save``; torch needed) |
+| .pt/.pth → .safetensors | a state dict read with ``torch.load(weights_only=True)`` (never unpickled otherwise); weights only |
+| .safetensors → .onnx | a file with its architecture (``linearkit.save``) and ``input_shape`` |
+| .onnx → .safetensors | a graph ``import_onnx`` supports; the file gets the architecture |
+
+Every output is written atomically (temp file beside it, then renamed).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from ..errors import FormatError
+
+__all__ = ["FORMATS", "convert"]
+
+FORMATS = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".onnx": "onnx"}
+
+
+def _format(path: str) -> str:
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in FORMATS:
+        raise FormatError(f"unknown file type {ext or '(none)'!r}", path=path,
+                          hint="use .safetensors, .pt/.pth or .onnx")
+    return FORMATS[ext]
+
+
+def _save_torch_state(state: dict, path: str) -> None:
+    try:
+        import torch
+    except ImportError:
+        raise ImportError('writing a .pt file needs PyTorch: pip install "linearkit[torch]"'
+                          ) from None
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=folder)
+    os.close(fd)
+    try:
+        torch.save({k: torch.from_numpy(v.copy()) for k, v in state.items()}, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def convert(source, target, *, input_shape=None) -> str:
+    """Convert ``source`` into ``target`` (formats from the extensions; see the module table).
+
+    Returns the path written. Raises FormatError naming the file for an unsupported pair, a
+    malformed input, or a .safetensors file without architecture where one is needed.
+    """
+    from .model_file import load_model
+    from .safetensors import load, save
+
+    source, target = os.fspath(source), os.fspath(target)
+    src, dst = _format(source), _format(target)
+    if os.path.abspath(source) == os.path.abspath(target):
+        raise FormatError("the output is the input file", path=target,
+                          hint="give another output path")
+    if src == "safetensors" and dst == "torch":
+        _save_torch_state(load(source), target)
+    elif src == "torch" and dst == "safetensors":
+        from .torch import load_torch_state
+
+        save(load_torch_state(source), target)
+    elif src == "safetensors" and dst == "onnx":
+        from .onnx_export import export_onnx
+
+        if input_shape is None:
+            raise FormatError("exporting to ONNX needs the input shape", path=source,
+                              hint="pass input_shape, e.g. --input-shape 1,40")
+        export_onnx(load_model(source).eval(), target, input_shape)
+    elif src == "onnx" and dst == "safetensors":
+        from .onnx_import import import_onnx
+
+        save(import_onnx(source), target)
+    else:
+        raise FormatError(f"cannot convert {src} to {dst}", path=source,
+                          hint="supported: safetensors <-> pt, safetensors <-> onnx")
+    return target

@@ -1,0 +1,72 @@
+"""``linearkit inspect FILE``: what a .safetensors file holds, read without trusting it.
+
+Tensors (name, dtype, shape, bytes), the metadata, the architecture when the file stores one,
+and the ledger's parameter and memory summary. The header is checked strictly
+(``safetensors_header``) before anything is shown; no tensor data is needed for the listing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+__all__ = ["describe_file", "render"]
+
+_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+          "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def describe_file(path) -> dict:
+    """A JSON-able description of a .safetensors file (raises FormatError when malformed)."""
+    from .model_file import SPEC_KEY, read_spec
+    from .safetensors_header import read_header
+
+    path = os.fspath(path)
+    entries, metadata, _, data_size = read_header(path)
+    tensors = [{"name": name, "dtype": dtype, "shape": list(shape),
+                "bytes": math.prod(shape) * _BYTES.get(dtype, 0)}
+               for name, (dtype, shape, _begin, _end) in entries.items()]
+    info = {"file": path, "bytes": os.path.getsize(path), "data_bytes": data_size,
+            "tensors": tensors, "parameters": sum(math.prod(t["shape"]) for t in tensors),
+            # the architecture is shown rebuilt, so its JSON and the repr are left out here
+            "metadata": {k: v for k, v in metadata.items()
+                         if k != SPEC_KEY and not (k == "linearkit.model" and SPEC_KEY in metadata)},
+            "architecture": None, "ledger": None}
+    if read_spec(path) is not None:
+        from ..analysis import ledger
+        from .model_file import load_model
+
+        model = load_model(path)
+        info["architecture"] = repr(model)
+        report = ledger(model, None)
+        info["ledger"] = {"params": report.totals["params"],
+                          "trainable_params": report.totals["trainable_params"],
+                          "memory": report.memory}
+    return info
+
+
+def render(info: dict) -> str:
+    """``describe_file``'s result as text."""
+    lines = [f"{info['file']}: {info['bytes']:,} bytes, {len(info['tensors'])} tensors, "
+             f"{info['parameters']:,} values"]
+    width = max([len(t["name"]) for t in info["tensors"]] + [6])
+    lines.append(f"  {'tensor':<{width}}  dtype  {'shape':<16} bytes")
+    for t in info["tensors"]:
+        shape = "(" + ", ".join(map(str, t["shape"])) + ("," if len(t["shape"]) == 1 else "") + ")"
+        lines.append(f"  {t['name']:<{width}}  {t['dtype']:<5}  {shape:<16} {t['bytes']:,}")
+    if info["metadata"]:
+        lines.append("metadata:")
+        for key, value in info["metadata"].items():
+            text = value if len(value) <= 200 else value[:200] + f"... ({len(value):,} chars)"
+            lines.append(f"  {key}: " + text.replace("\n", "\n    "))
+    if info["architecture"] is None:
+        lines.append("architecture: none stored (weights only; linearkit.load(path, model) "
+                     "loads them into a model you build)")
+    else:
+        lines.append("architecture (linearkit.load_model rebuilds it):")
+        lines += ["  " + line for line in info["architecture"].splitlines()]
+        memory = json.dumps(info["ledger"]["memory"], default=str)
+        lines.append(f"ledger: {info['ledger']['params']:,} parameters "
+                     f"({info['ledger']['trainable_params']:,} trainable); memory {memory}")
+    return "\n".join(lines)
