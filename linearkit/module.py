@@ -191,7 +191,7 @@ def _guarded_vjp(vjp: Callable) -> Callable:
     return entry
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _input_grad_position(vjp: Callable) -> int | None:
     """The positional index (after self) of a vjp's ``input_grad`` parameter; None if it has none."""
     import inspect  # only when a hook is registered: importing it costs ~8 ms

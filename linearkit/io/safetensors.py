@@ -18,9 +18,8 @@ import warnings
 
 import numpy as np
 
-from .model_file import architecture_metadata
-
 from ..errors import FormatError
+from .model_file import architecture_metadata
 from .safetensors_header import read_tensors
 
 __all__ = ["load", "save"]
