@@ -324,7 +324,7 @@ def _readme_python_blocks():
 
 def test_readme_snippets_run(tmp_path, monkeypatch, capsys):
     blocks = _readme_python_blocks()
-    assert len(blocks) == 2 and "lk.load(" in blocks[1]
+    assert len(blocks) == 3 and "lk.load_model(" in blocks[1]
     exec(compile(blocks[0], "README.md: a training step", "exec"), {})
     # "Load saved weights back", on the file the README's first command writes.
     monkeypatch.chdir(tmp_path)
@@ -334,3 +334,6 @@ def test_readme_snippets_run(tmp_path, monkeypatch, capsys):
     exec(compile(blocks[1], "README.md: load saved weights back", "exec"), {})
     shown = float(capsys.readouterr().out)
     assert f"test accuracy:  {shown:.1%}" in printed
+    # "From PyTorch and scikit-learn": both probes print True.
+    exec(compile(blocks[2], "README.md: from PyTorch and scikit-learn", "exec"), {})
+    assert capsys.readouterr().out.split() == ["True", "True"]

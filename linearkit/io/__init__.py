@@ -1,8 +1,12 @@
-"""Interop: safetensors files, PyTorch modules and .pt state dicts, and verify (a probe that
-proves a conversion). Optional packages load on first use."""
+"""Interop: self-describing .safetensors model files, PyTorch modules and .pt state dicts,
+scikit-learn estimators, and verify (a probe that proves a conversion). Optional packages
+(safetensors, torch, scikit-learn) load on first use."""
 
+from .model_file import load_model
 from .safetensors import load, save
+from .sklearn import from_sklearn, predict_proba_like
 from .torch import from_torch, load_torch_state, to_torch
 from .verify import VerifyReport, verify
 
-__all__ = ["VerifyReport", "from_torch", "load", "load_torch_state", "save", "to_torch", "verify"]
+__all__ = ["VerifyReport", "from_sklearn", "from_torch", "load", "load_model", "load_torch_state",
+           "predict_proba_like", "save", "to_torch", "verify"]
