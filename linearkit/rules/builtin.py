@@ -32,6 +32,7 @@ from ..layers import (
 from ..layers.container import trains
 from ..layers.norm import check_batch_norm_input
 from .costs import ZERO, elementwise_cost, lead, linear_cost, norm_module_cost
+from .onnx_rules import BUILTIN_ONNX
 from .rebuild import BUILTIN_REBUILDS
 from .registry import LayerRule, register_rule
 
@@ -215,10 +216,12 @@ RESIDUAL = LayerRule(
 
 def register_builtin_rules() -> None:
     """Register the rule of every shipped layer (done once, when ``linearkit.rules`` loads),
-    each with how a model file rebuilds it (``rebuild.BUILTIN_REBUILDS``)."""
+    each with how a model file rebuilds it (``rebuild.BUILTIN_REBUILDS``) and how ONNX export
+    writes it (``onnx_rules.BUILTIN_ONNX``; LazyLinear has none: materialize it first)."""
     rules = [(Linear, LINEAR), (LazyLinear, LAZY_LINEAR), (Identity, IDENTITY),
              (Flatten, FLATTEN), (Dropout, DROPOUT), (LayerNorm, LAYER_NORM),
              (BatchNorm1d, BATCH_NORM), (Sequential, SEQUENTIAL), (Residual, RESIDUAL)]
     rules += [(cls, _activation(cls)) for cls in ACTIVATIONS]
     for layer_type, rule in rules:
-        register_rule(layer_type, replace(rule, rebuild=BUILTIN_REBUILDS[layer_type]))
+        register_rule(layer_type, replace(rule, rebuild=BUILTIN_REBUILDS[layer_type],
+                                          onnx=BUILTIN_ONNX.get(layer_type)))
