@@ -297,3 +297,19 @@ def test_import_onnx_does_not_load_onnx_into_linearkit_import():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_float64_model_and_empty_model_and_a_wrong_input_shape(tmp_path):
+    model = lk.Sequential(lk.Linear(5, 3, dtype=np.float64), lk.GELU()).eval()
+    path = export_onnx(model, tmp_path / "f64.onnx", (4, 5))
+    x = np.random.default_rng(0).standard_normal((3, 5))
+    # (onnxruntime has no float64 Erf kernel; the reference evaluator runs it)
+    np.testing.assert_allclose(run_onnx(path, x, "reference"), model(x), rtol=1e-7, atol=1e-7)
+    assert import_onnx(path)[0].dtype == np.float64
+    path = export_onnx(lk.Sequential(), tmp_path / "empty.onnx", (4, 5))
+    np.testing.assert_array_equal(run_onnx(path, x.astype(np.float32), "reference"),
+                                  x.astype(np.float32))
+    assert len(import_onnx(path)) == 0
+    with pytest.raises(lk.ShapeError, match=r"module '0' \(Linear.*expected input of shape "
+                                            r"\(\*, 5\), got \(4, 6\)"):
+        export_onnx(model, tmp_path / "bad.onnx", (4, 6))

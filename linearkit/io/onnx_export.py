@@ -13,6 +13,7 @@ import tempfile
 
 import numpy as np
 
+from ..errors import ShapeError
 from ..rules import rule_for
 
 __all__ = ["OnnxExportError", "export_onnx"]
@@ -135,7 +136,11 @@ def export_onnx(model, path: str | os.PathLike, input_shape, dynamic_batch: bool
     g = _Graph(onnx, model, dtype, int(opset))
     g._shapes["input"] = shape
     g._used.add("input")
-    y = g.visit(model, None, "input")
+    try:
+        y = g.visit(model, None, "input")
+    except ShapeError as e:  # input_shape does not fit a layer: name its path in the model
+        e.locate(model)
+        raise
     out_shape = g.shape(y)
     if y == "input":  # the whole model is the identity in eval mode
         y = g.op("Identity", ["input"], "identity")
