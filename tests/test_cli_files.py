@@ -73,3 +73,22 @@ def test_convert_refuses_to_overwrite_its_input(tmp_path, capsys):
     lk.save(_model(), path)
     assert main(["convert", str(path), str(path)]) == 2
     assert "the output is the input file" in capsys.readouterr().err
+
+
+def test_convert_to_onnx_and_back_keeps_the_outputs(tmp_path):
+    pytest.importorskip("onnx")
+    model = _model()
+    src, onnx_file, back = (tmp_path / n for n in ("m.safetensors", "m.onnx", "b.safetensors"))
+    lk.save(model, src)
+    assert main(["convert", str(src), str(onnx_file), "--input-shape", "1,4"]) == 0
+    assert main(["convert", str(onnx_file), str(back)]) == 0
+    again = lk.load_model(back)
+    x = np.random.default_rng(0).standard_normal((9, 4)).astype(np.float32)
+    np.testing.assert_allclose(again(x), model(x), rtol=1.3e-6, atol=1e-5)
+
+
+def test_convert_to_onnx_needs_an_input_shape(tmp_path, capsys):
+    path = tmp_path / "m.safetensors"
+    lk.save(_model(), path)
+    assert main(["convert", str(path), str(tmp_path / "m.onnx")]) == 2
+    assert "needs the input shape" in capsys.readouterr().err

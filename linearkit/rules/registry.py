@@ -65,9 +65,14 @@ class LayerRule:
         a shape tuple (a new array of that shape), or None when ``x`` is None. A container's
         ``cost`` and ``saved`` are its own share only (Residual's add); the children's are summed.
 
-    onnx, rebuild, transforms : None
-        Reserved for later issues (ONNX export, rebuilding from a model file, the transforms
-        that apply). Not read by anything yet.
+    onnx : optional
+        How the layer exports to ONNX (``linearkit.rules.onnx_rules``; read by
+        ``io.export_onnx``). None: the exporter refuses the type, naming its path.
+    rebuild : ``linearkit.rules.Rebuild``, optional
+        How a model file rebuilds the layer (its constructor arguments; read by ``io.spec``).
+        None: ``linearkit.save`` keeps the weights but not the architecture.
+    transforms : None
+        Reserved for the surgery issue (which transforms apply).
     """
 
     kind: str = "layer"
