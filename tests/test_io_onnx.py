@@ -313,3 +313,21 @@ def test_float64_model_and_empty_model_and_a_wrong_input_shape(tmp_path):
     with pytest.raises(lk.ShapeError, match=r"module '0' \(Linear.*expected input of shape "
                                             r"\(\*, 5\), got \(4, 6\)"):
         export_onnx(model, tmp_path / "bad.onnx", (4, 6))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_trained_mnist1d_model_gives_the_same_predictions_through_onnx(tmp_path, engine):
+    """Real data: the `linearkit train` recipe's model (briefly trained) on MNIST-1D test rows,
+    exported, run by the engine, and imported back."""
+    from linearkit.train import train
+
+    model, _ = train(steps=200, eval_every=0)
+    model.eval()
+    x = lk.data.mnist1d().x_test[:300]
+    path = tmp_path / "mnist1d.onnx"
+    export_onnx(model, path, (1, 40))
+    ours = model(x)
+    theirs = run_onnx(path, x, engine)
+    np.testing.assert_allclose(theirs, ours, rtol=1.3e-6, atol=1e-5)
+    assert (theirs.argmax(-1) == ours.argmax(-1)).all()
+    np.testing.assert_allclose(import_onnx(path)(x), ours, rtol=1.3e-6, atol=1e-5)
