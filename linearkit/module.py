@@ -1,19 +1,15 @@
-"""Parameter and Module: the tree, parameters, state_dict, train/eval, repr, and the vjp entry.
+"""Module: the tree, parameters, state_dict, train/eval, repr, call hooks and the vjp entry.
 
 The backward protocol (see DESIGN.md): ``y = module(x)`` is a forward that keeps nothing;
 ``y, backward = module.vjp(x, input_grad=True)`` returns a closure that adds each trainable
 parameter's gradient into ``param.grad`` and returns ``dL/dx`` (None when ``input_grad=False``).
-Every ``vjp`` a subclass defines is wrapped once here so that its closure:
-
-* refuses a second call (``BackwardError``),
-* checks ``dy``'s shape against the output and casts ``dy`` to the output's dtype (as autograd does),
-* names the module's path in the model on any error, and
-* under ``detect_anomaly()`` checks its gradients for NaN/Inf.
+Every ``vjp`` a subclass defines is wrapped once (``vjp_protocol.guarded_vjp``): one call per
+closure, ``dy`` checked and cast, errors located, hooks run, anomalies caught. ``Parameter``
+lives in ``parameter.py``.
 """
 
 from __future__ import annotations
 
-import functools
 from collections import OrderedDict, namedtuple
 from collections.abc import Callable, Iterator
 
@@ -21,95 +17,11 @@ import numpy as np
 
 from . import anomaly as _anomaly
 from . import hooks as _hooks
-from .errors import AnomalyError, BackwardError, ShapeError, _Located
+from .errors import _Located
+from .parameter import Parameter
+from .vjp_protocol import check_finite, guarded_vjp
 
 __all__ = ["IncompatibleKeys", "Module", "Parameter"]
-
-
-class Parameter:
-    """A trainable array: ``.data`` (ndarray), ``.grad`` (ndarray or None), ``.requires_grad``.
-
-    ``np.asarray(p)`` returns ``p.data``. Backward adds into ``.grad`` (allocating it on first
-    use); ``zero_grad()`` resets it.
-    """
-
-    __slots__ = ("__weakref__", "_zeroed", "data", "grad", "requires_grad")
-
-    def __init__(self, data, requires_grad: bool = True):
-        data = np.asarray(data)
-        if data.dtype.kind != "f":
-            raise TypeError(
-                f"Parameter data must be a floating-point array, got dtype {data.dtype}; "
-                "cast it first, e.g. np.asarray(data, dtype=np.float32)"
-            )
-        self.data = data
-        self.grad: np.ndarray | None = None
-        self.requires_grad = bool(requires_grad)
-        # The array zero_grad(set_to_none=False) zeroed; while it is still ``grad``, the next
-        # backward may overwrite it instead of adding into it (saving a temporary and a pass).
-        self._zeroed: np.ndarray | None = None
-
-    shape = property(lambda self: self.data.shape, doc="Shape of ``data``.")
-    dtype = property(lambda self: self.data.dtype, doc="dtype of ``data``.")
-    ndim = property(lambda self: self.data.ndim, doc="Number of dimensions of ``data``.")
-    size = property(lambda self: self.data.size, doc="Number of elements of ``data``.")
-
-    def numel(self) -> int:
-        """Number of elements, as ``torch.Tensor.numel``."""
-        return self.data.size
-
-    def add_grad(self, grad: np.ndarray | None = None, *,
-                 write: Callable[[np.ndarray | None, bool], np.ndarray] | None = None) -> None:
-        """Add one gradient contribution into ``.grad``: the one way a backward writes a gradient.
-
-        Pass either ``grad``, an array of ``data``'s shape that the caller will not touch again
-        (it may become ``.grad`` itself), or ``write(out, accumulate) -> array``, a function that
-        computes the contribution straight into a buffer: called with ``out=None`` it returns a
-        new array; with ``accumulate=False`` it overwrites ``out`` (a buffer zeroed in place by
-        ``zero_grad(set_to_none=False)``); with ``accumulate=True`` it adds into ``out``.
-        ``functional.linear_weight_grad(dy, x, out, accumulate)`` has exactly that signature.
-
-        Every layer with parameters (Linear, LayerNorm, BatchNorm1d, a user's) writes through
-        here, so buffer reuse and accumulation live in one place. A backward must only call it
-        for a parameter whose ``requires_grad`` was True when its forward ran.
-        """
-        current = self.grad
-        if write is None:
-            if grad is None:
-                raise TypeError("add_grad() needs a gradient array or write=")
-            if current is None:
-                self.grad = grad
-            elif self._zeroed is current:
-                current[...] = grad
-            else:
-                current += grad
-        elif current is None:
-            self.grad = write(None, False)
-        else:
-            write(current, self._zeroed is not current)
-        self._zeroed = None
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """``grad = None``, or (``set_to_none=False``) fill it with zeros in place and reuse it."""
-        if set_to_none:
-            self.grad = None
-        elif self.grad is not None:
-            self.grad.fill(0)
-            self.mark_zeroed()
-
-    def mark_zeroed(self) -> None:
-        """Record that ``.grad`` holds zeros put there in place, so the next ``add_grad``
-        overwrites it instead of adding (an optimizer that zeroes one flat buffer calls this)."""
-        self._zeroed = self.grad
-
-    def __array__(self, dtype=None, copy=None):
-        if dtype is None or dtype == self.data.dtype:
-            return self.data.copy() if copy else self.data
-        return self.data.astype(dtype)
-
-    def __repr__(self) -> str:
-        flag = "" if self.requires_grad else ", requires_grad=False"
-        return f"Parameter(shape={self.data.shape}, dtype={self.data.dtype}{flag})"
 
 
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
@@ -120,96 +32,6 @@ def _addindent(text: str, spaces: int) -> str:
     if len(lines) == 1:
         return text
     return lines[0] + "\n" + "\n".join(" " * spaces + line for line in lines[1:])
-
-
-def _guarded_vjp(vjp: Callable) -> Callable:
-    """Wrap a module's ``vjp`` with the protocol's checks (see the module docstring)."""
-
-    @functools.wraps(vjp)
-    def entry(self, *args, **kwargs):
-        # Hooks fire once per call: for the class's own vjp, not for a super().vjp inside it.
-        hooked = (_hooks.active or self._hooks) and type(self).vjp is entry
-        if hooked:
-            args, kwargs = _hook_arguments(vjp, self, args, kwargs)
-            args, kwargs = _hooks.run_forward_pre(self, args, kwargs)
-        try:
-            y, backward = vjp(self, *args, **kwargs)
-        except _Located as err:
-            err.locate(self)
-            raise
-        if _anomaly.enabled:
-            _check_finite(self, y, "forward")
-        if hooked:
-            _hooks.run_forward(self, args, kwargs, y, replace_ok=False)
-        shape = y.shape if isinstance(y, np.ndarray) else None
-        dtype = y.dtype if shape is not None else None
-        used = False
-
-        def guarded_backward(*grad):
-            nonlocal used
-            if used:
-                raise BackwardError(
-                    "this backward closure was already called; each vjp() call gives one "
-                    "backward. Run vjp() again for another backward pass (gradients accumulate "
-                    "in .grad until zero_grad()).",
-                    module=self,
-                ).with_root(self)
-            used = True
-            if grad and shape is not None:
-                dy = grad[0]
-                if not isinstance(dy, np.ndarray) or dy.dtype != dtype:
-                    dy = np.asarray(dy, dtype=dtype)
-                if dy.shape != shape:
-                    raise ShapeError(
-                        f"backward got dy of shape {dy.shape}, but the forward output has shape "
-                        f"{shape}; dy must have the output's shape",
-                        module=self,
-                    ).with_root(self)
-                grad = (dy,) + grad[1:]
-            hooked_now = hooked and (_hooks.active or self._hooks)
-            if hooked_now:
-                grad = _hooks.run_backward_pre(self, grad)
-            try:
-                dx = backward(*grad)
-            except _Located as err:
-                err.locate(self)
-                raise
-            if _anomaly.enabled:
-                _check_finite(self, dx, "backward (input gradient)")
-                for name, p in self._parameters.items():
-                    if p is not None and p.grad is not None:
-                        _check_finite(self, p.grad, f"backward (gradient of {name})")
-            if hooked_now:
-                several = isinstance(dx, tuple)
-                dx = _hooks.run_backward(self, dx if several else (dx,), grad)
-                dx = dx if several else dx[0]
-            return dx
-
-        return y, guarded_backward
-
-    entry.__wrapped_vjp__ = vjp
-    return entry
-
-
-@functools.cache
-def _input_grad_position(vjp: Callable) -> int | None:
-    """The positional index (after self) of a vjp's ``input_grad`` parameter; None if it has none."""
-    import inspect  # only when a hook is registered: importing it costs ~8 ms
-
-    names = [p.name for p in inspect.signature(vjp).parameters.values()
-             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return names.index("input_grad") - 1 if "input_grad" in names else None
-
-
-def _hook_arguments(vjp: Callable, module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Split a vjp call into the data ``args`` hooks see and ``kwargs`` holding ``input_grad``."""
-    position = _input_grad_position(vjp)
-    kwargs = dict(kwargs)
-    if position is not None and len(args) > position:
-        kwargs["input_grad"] = args[position]
-        args = args[:position] + args[position + 1:]
-    kwargs.setdefault("input_grad", True)
-    return args, kwargs
 
 
 def _loadable(raw, key: str, shape: tuple, dtype: np.dtype, errors: list[str]):
@@ -242,20 +64,6 @@ def _assign(array: np.ndarray, value: np.ndarray) -> None:
     array[...] = value
 
 
-def _check_finite(module: Module, value, where: str) -> None:
-    problem = _anomaly.first_nonfinite(value)
-    if problem is not None:
-        raise AnomalyError(f"detect_anomaly: {where} {problem}", module=module).with_root(module)
-
-
-def _with_root(self, root):
-    self.locate(root)
-    return self
-
-
-_Located.with_root = _with_root
-
-
 class Module:
     """Base class of every layer, container and loss.
 
@@ -275,7 +83,7 @@ class Module:
         super().__init_subclass__(**kwargs)
         vjp = cls.__dict__.get("vjp")
         if vjp is not None and not hasattr(vjp, "__wrapped_vjp__"):
-            cls.vjp = _guarded_vjp(vjp)
+            cls.vjp = guarded_vjp(vjp)
 
     # ------------------------------------------------------------------ registration
     def __setattr__(self, name: str, value) -> None:
@@ -648,7 +456,7 @@ class Module:
             err.locate(self)
             raise
         if _anomaly.enabled:
-            _check_finite(self, y, "forward")
+            check_finite(self, y, "forward")
         if hooked:
             y = _hooks.run_forward(self, args, kwargs, y, replace_ok=True)
         return y
