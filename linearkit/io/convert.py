@@ -12,10 +12,11 @@ Every output is written atomically (temp file beside it, then renamed).
 
 from __future__ import annotations
 
+import io
 import os
-import tempfile
 
 from ..errors import FormatError
+from .atomic import write_atomically
 
 __all__ = ["FORMATS", "convert"]
 
@@ -36,16 +37,9 @@ def _save_torch_state(state: dict, path: str) -> None:
     except ImportError:
         raise ImportError('writing a .pt file needs PyTorch: pip install "linearkit[torch]"'
                           ) from None
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=folder)
-    os.close(fd)
-    try:
-        torch.save({k: torch.from_numpy(v.copy()) for k, v in state.items()}, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    buffer = io.BytesIO()
+    torch.save({k: torch.from_numpy(v.copy()) for k, v in state.items()}, buffer)
+    write_atomically(path, buffer.getvalue(), suffix=".pt")
 
 
 def convert(source, target, *, input_shape=None) -> str:

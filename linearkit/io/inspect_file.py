@@ -13,19 +13,15 @@ import os
 
 __all__ = ["describe_file", "render"]
 
-_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-          "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-
-
 def describe_file(path) -> dict:
     """A JSON-able description of a .safetensors file (raises FormatError when malformed)."""
-    from .model_file import SPEC_KEY, read_spec
-    from .safetensors_header import read_header
+    from .model_file import SPEC_KEY, model_from_metadata
+    from .safetensors_header import ITEMSIZE, read_header
 
     path = os.fspath(path)
     entries, metadata, _, data_size = read_header(path)
     tensors = [{"name": name, "dtype": dtype, "shape": list(shape),
-                "bytes": math.prod(shape) * _BYTES.get(dtype, 0)}
+                "bytes": math.prod(shape) * ITEMSIZE[dtype]}
                for name, (dtype, shape, _begin, _end) in entries.items()]
     info = {"file": path, "bytes": os.path.getsize(path), "data_bytes": data_size,
             "tensors": tensors, "parameters": sum(math.prod(t["shape"]) for t in tensors),
@@ -33,11 +29,10 @@ def describe_file(path) -> dict:
             "metadata": {k: v for k, v in metadata.items()
                          if k != SPEC_KEY and not (k == "linearkit.model" and SPEC_KEY in metadata)},
             "architecture": None, "ledger": None}
-    if read_spec(path) is not None:
+    model = model_from_metadata(path, metadata)
+    if model is not None:
         from ..analysis import ledger
-        from .model_file import load_model
 
-        model = load_model(path)
         info["architecture"] = repr(model)
         report = ledger(model, None)
         info["ledger"] = {"params": report.totals["params"],

@@ -14,7 +14,7 @@ import warnings
 from ..errors import FormatError
 from ..module import Module
 
-__all__ = ["SPEC_KEY", "architecture_metadata", "load_model", "read_spec"]
+__all__ = ["SPEC_KEY", "architecture_metadata", "load_model", "model_from_metadata", "read_spec"]
 
 #: The metadata key that holds the architecture.
 SPEC_KEY = "linearkit.spec"
@@ -37,11 +37,29 @@ def architecture_metadata(model) -> dict[str, str]:
 def read_spec(path) -> dict | None:
     """The architecture stored in ``path`` (a parsed spec), or None when the file has none."""
     from .safetensors_header import read_header
+
+    return _spec_of(path, read_header(path)[1])
+
+
+def _spec_of(path, metadata: dict) -> dict | None:
     from .spec import spec_from_json
 
-    _, metadata, _, _ = read_header(path)
     text = metadata.get(SPEC_KEY)
     return None if text is None else spec_from_json(text, os.fspath(path))
+
+
+def model_from_metadata(path, metadata: dict, *, strict_finite: bool = False) -> Module | None:
+    """The model the file's ``metadata`` (from ``read_header``) describes, with the file's
+    weights loaded; None when it describes none. For callers that read the header already."""
+    from .safetensors import load
+    from .spec import build_model
+
+    spec = _spec_of(path, metadata)
+    if spec is None:
+        return None
+    model = build_model(spec, source=os.fspath(path))
+    load(path, model, strict_finite=strict_finite)
+    return model
 
 
 def load_model(path, *, strict_finite: bool = False) -> Module:
@@ -65,16 +83,13 @@ def load_model(path, *, strict_finite: bool = False) -> Module:
     >>> bool((again(x) == model(x)).all())
     True
     """
-    from .safetensors import load
-    from .spec import build_model
+    from .safetensors_header import read_header
 
     path = os.fspath(path)
-    spec = read_spec(path)
-    if spec is None:
+    model = model_from_metadata(path, read_header(path)[1], strict_finite=strict_finite)
+    if model is None:
         raise FormatError("the file holds weights but no architecture (no 'linearkit.spec' "
                           "metadata)", path=path,
                           hint="build the model in code and load the weights into it: "
                                "linearkit.load(path, model)")
-    model = build_model(spec, source=path)
-    load(path, model, strict_finite=strict_finite)
     return model

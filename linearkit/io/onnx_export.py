@@ -9,12 +9,12 @@ this file. ``onnx`` is imported on first use.
 from __future__ import annotations
 
 import os
-import tempfile
 
 import numpy as np
 
 from ..errors import ShapeError
 from ..rules import rule_for
+from .atomic import write_atomically
 
 __all__ = ["OnnxExportError", "export_onnx"]
 
@@ -159,24 +159,4 @@ def export_onnx(model, path: str | os.PathLike, input_shape, dynamic_batch: bool
     proto = onnx.helper.make_model(graph, producer_name="linearkit", opset_imports=opsets,
                                    ir_version=onnx.helper.find_min_ir_version_for(opsets))
     onnx.checker.check_model(proto, full_check=True)
-    return _write(proto.SerializeToString(), os.fspath(path))
-
-
-def _write(data: bytes, path: str) -> str:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".onnx", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would otherwise survive the rename
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return write_atomically(path, proto.SerializeToString(), suffix=".onnx")

@@ -12,13 +12,12 @@ linearkit and PyTorch (``safetensors.torch.load_file`` reads them directly).
 from __future__ import annotations
 
 import os
-import stat
-import tempfile
 import warnings
 
 import numpy as np
 
 from ..errors import FormatError
+from .atomic import write_atomically
 from .model_file import architecture_metadata
 from .safetensors_header import read_tensors
 
@@ -33,13 +32,6 @@ def _safetensors_numpy():
             "saving/loading .safetensors needs the 'safetensors' package: "
             "pip install 'linearkit[cli]' (or pip install safetensors)") from None
     return st
-
-
-def _new_file_mode() -> int:
-    """The mode ``open()`` gives a new file: 0o666 less the process's umask."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
 
 
 def save(model_or_state, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> str:
@@ -64,42 +56,8 @@ def save(model_or_state, path: str | os.PathLike, metadata: dict[str, str] | Non
         meta["linearkit.model"] = repr(model_or_state)
         meta.update(architecture_metadata(model_or_state))  # "linearkit.spec": load_model reads it
     meta.update(metadata or {})
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)  # overwriting keeps the old file's mode
-    except FileNotFoundError:
-        mode = _new_file_mode()  # mkstemp's 0600 would otherwise survive the rename
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            # safetensors serializes to bytes; we write them, so there is no second temp file.
-            f.write(st.save(arrays, metadata=meta))
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_folder(folder)
-    return path
-
-
-def _fsync_folder(folder: str) -> None:
-    """Make the rename itself durable where the platform allows it (POSIX)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # pragma: no cover - Windows cannot open a folder
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover - some filesystems refuse
-        pass
-    finally:
-        os.close(fd)
+    # safetensors serializes to bytes; we write them, so there is no second temp file.
+    return write_atomically(path, st.save(arrays, metadata=meta), suffix=".safetensors")
 
 
 def load(path: str | os.PathLike, model=None, strict: bool = True, strict_finite: bool = False):

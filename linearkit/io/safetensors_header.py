@@ -31,7 +31,8 @@ _NUMPY_DTYPES = {
     "I32": "<i4", "U64": "<u8", "I64": "<i8", "F16": "<f2", "F32": "<f4", "F64": "<f8",
 }
 _ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
-_ITEMSIZE = {**{k: np.dtype(v).itemsize for k, v in _NUMPY_DTYPES.items()},
+#: Bytes per element of each safetensors dtype name.
+ITEMSIZE = {**{k: np.dtype(v).itemsize for k, v in _NUMPY_DTYPES.items()},
              "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 _ENTRY_FIELDS = {"dtype", "shape", "data_offsets"}
 _REWRITE = "re-export the file with safetensors' save_file (or linearkit.save)"
@@ -134,9 +135,9 @@ def _entry(path, name: str, spec, data_size: int) -> tuple[str, tuple, int, int]
         _fail(path, f"{where}: the entry has fields {sorted(spec)}, expected exactly "
                     f"{sorted(_ENTRY_FIELDS)}")
     dtype, shape, offsets = spec["dtype"], spec["shape"], spec["data_offsets"]
-    if dtype not in _ITEMSIZE:
+    if dtype not in ITEMSIZE:
         _fail(path, f"{where}: unknown dtype {dtype!r}; safetensors names are uppercase: "
-                    f"{', '.join(sorted(_ITEMSIZE))}")
+                    f"{', '.join(sorted(ITEMSIZE))}")
     if not isinstance(shape, list) or not all(_is_int(d) for d in shape):
         _fail(path, f"{where}: shape must be a list of integers, got {json.dumps(shape)}")
     if any(d < 0 for d in shape):
@@ -153,7 +154,7 @@ def _entry(path, name: str, spec, data_size: int) -> tuple[str, tuple, int, int]
     if end > data_size:
         _fail(path, f"{where}: data_offsets {offsets} are out of range: the data section has "
                     f"{data_size} bytes (truncated in the data?)")
-    expected = math.prod(shape) * _ITEMSIZE[dtype]
+    expected = math.prod(shape) * ITEMSIZE[dtype]
     if end - begin != expected:
         _fail(path, f"{where}: data_offsets {offsets} span {end - begin} bytes but shape "
                     f"{shape} x {dtype} needs {expected} bytes (offsets disagree with shape x "

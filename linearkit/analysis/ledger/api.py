@@ -91,10 +91,9 @@ def ledger(model, input_shape=None, *, dtype=None, optimizer: str | None = "adam
     notes: list[str] = []
     if isinstance(model, str | os.PathLike):
         path = os.fspath(model)
-        if os.path.isfile(path) and _has_architecture(path):
-            from ...io.model_file import load_model
-
-            model, name = load_model(path), os.path.basename(path)  # the file describes itself
+        described = _model_in_file(path) if os.path.isfile(path) else None
+        if described is not None:
+            model, name = described, os.path.basename(path)  # the file describes itself
         elif os.path.isfile(path):
             return finish(*read_safetensors(path, override), "safetensors",
                           os.path.basename(path), None, optimizer, master_dtype, rank_check,
@@ -129,8 +128,9 @@ def ledger(model, input_shape=None, *, dtype=None, optimizer: str | None = "adam
     return finish(acc, sizes, source, name, shape, optimizer, master_dtype, rank_check, notes)
 
 
-def _has_architecture(path: str) -> bool:
-    """Whether a file written by ``linearkit.save`` stores its architecture."""
-    from ...io.model_file import read_spec
+def _model_in_file(path: str):
+    """The model a file written by ``linearkit.save`` describes (weights loaded), else None."""
+    from ...io.model_file import model_from_metadata
+    from ...io.safetensors_header import read_header
 
-    return read_spec(path) is not None
+    return model_from_metadata(path, read_header(path)[1])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 
+from ...io.safetensors_header import ITEMSIZE
 from .accumulator import Acc
 from .report import linear_text
 
@@ -16,10 +17,6 @@ __all__ = ["read_safetensors"]
 
 
 _BUFFER_NAMES = ("running_mean", "running_var", "num_batches_tracked")
-_ST_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8,
-             "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1, "U16": 2, "U32": 4, "U64": 8}
-
-
 def _natural_key(s: str):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
 
@@ -62,7 +59,7 @@ def read_safetensors(path: str, override):
         for name, shape, st_dtype, arr in tensors:
             numel = math.prod(shape)
             nbytes = numel * (override.itemsize if override is not None
-                              else _ST_BYTES.get(st_dtype, 4))
+                              else ITEMSIZE.get(st_dtype, 4))
             if name in _BUFFER_NAMES or st_dtype[0] in "IUB":
                 buffers += nbytes
                 continue
