@@ -142,6 +142,8 @@ class StatsRecorder:
         # Per module, the records of vjp calls whose backward has not run yet (last in, first
         # out: a backward runs the closures in the reverse order of the forward).
         self._pending: dict[int, list[dict[str, Any]]] = {}
+        # Per module, the backwards running now: (record, parameters, their grads before).
+        self._running: dict[int, list[tuple]] = {}
         self._handles: list = []
 
     # -- install / remove (call hooks: the modules themselves are not touched)
@@ -170,6 +172,7 @@ class StatsRecorder:
         self.step += 1
         self._seen = {}
         self._pending = {}
+        self._running = {}
 
     # -- the hooks
     def _on_forward(self, module: Module, args, kwargs, y) -> None:
@@ -196,14 +199,14 @@ class StatsRecorder:
         record = pending.pop()
         params = [(n, p) for n, p in module.named_parameters(recurse=False) if p.requires_grad]
         before = {n: (None if p.grad is None else p.grad.copy()) for n, p in params}
-        self._pending.setdefault(("running", id(module)), []).append((record, params, before))
+        self._running.setdefault(id(module), []).append((record, params, before))
         if grad_output:
             record["grad_out_norm"] = _norm(grad_output[0])
             if self.keep_arrays:
                 record["dy"] = grad_output[0]
 
     def _on_backward(self, module: Module, grad_input, grad_output) -> None:
-        running = self._pending.get(("running", id(module)))
+        running = self._running.get(id(module))
         if not running:
             return
         record, params, before = running.pop()
