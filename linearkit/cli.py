@@ -178,8 +178,7 @@ def _ledger(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     from .io.inspect_file import describe_file, render
 
-    _need_cli_extra("inspect")
-    if not os.path.isfile(args.file):
+    if not os.path.isfile(args.file):  # linearkit's own reader: no extra needed to inspect
         raise UsageError(f"{args.file}: no such file")
     info = describe_file(args.file)
     if args.json:
