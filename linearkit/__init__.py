@@ -79,6 +79,7 @@ __all__ = [
     "save",
     "set_num_threads",
     "threads",
+    "transforms",
 ]
 
 
@@ -86,7 +87,7 @@ def __getattr__(name):
     # Heavier namespaces load on first use, so `import linearkit` stays fast and light.
     import importlib
 
-    if name in ("analysis", "data", "io", "rules"):
+    if name in ("analysis", "data", "io", "rules", "transforms"):
         return importlib.import_module(f".{name}", __name__)
     if name == "load_model":
         from .io.model_file import load_model

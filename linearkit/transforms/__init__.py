@@ -1,0 +1,50 @@
+"""Model surgery: transforms of linear layers that prove their own equivalence.
+
+Two tiers, as PyTorch's fusion utilities: pure functions on arrays (``merge_weights``,
+``fold_batchnorm_weights``, ``factorize_weight``, ``quantize_weight``, ...) and module-level
+transforms that copy the model, edit the copy, check it against the original on probe inputs and
+return ``(new_model, report)`` — the input model is never modified. See docs/surgery.md.
+
+============================  ==========================================================
+``merge_linear(model)``       consecutive linear maps (nothing nonlinear between) -> one
+``fold_norm(model)``          eval BatchNorm1d into the Linear before; LayerNorm's affine
+                              into the Linear after; biases a norm cancels
+``factorize(model, rank=)``   Linear -> Linear(in, r, bias=False), Linear(r, out) by SVD
+``add_lora(model, rank=)``    frozen base + trainable low-rank lora_A, lora_B (peft's names)
+``merge_lora`` / ``extract_lora``  adapter -> plain Linear, and a fine-tune -> adapter
+``quantize(model, "int8")``   weight-only int8, per output channel
+``fuse_qkv`` / ``split_qkv``  three projections <-> one Linear laid out [q | k | v]
+``prune`` / ``to_sparse``     magnitude pruning, and CSR layers that store only the nonzeros
+============================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .report import TransformReport
+
+#: public name -> the submodule that defines it (loaded on first use).
+_WHERE = {
+    "merge_weights": "merge", "merge_linear": "merge",
+    "fold_batchnorm_weights": "fold", "fold_layernorm_weights": "fold", "fold_norm": "fold",
+    "factorize_weight": "factorize", "factorize": "factorize", "rank_sweep": "factorize",
+    "add_lora": "lora", "merge_lora": "lora", "extract_lora": "lora", "save_adapter": "lora",
+    "load_adapter": "lora",
+    "quantize_weight": "quantize", "quantize": "quantize",
+    "fuse_qkv_weights": "qkv", "fuse_qkv": "qkv", "split_qkv": "qkv",
+    "prune_weight": "prune", "prune": "prune", "to_sparse": "prune",
+}
+
+__all__ = ["TransformReport", *_WHERE]
+
+
+def __getattr__(name):
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'linearkit.transforms' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{where}", __name__), name)
+
+
+def __dir__():
+    return sorted(__all__)

@@ -1,0 +1,96 @@
+"""What the module-level transforms share: copying, choosing target layers, replacing a layer
+by its path, building a Linear from arrays, and writing the report."""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+
+import numpy as np
+
+from ..layers import Linear
+from ..module import Module
+from ..rules import rule_for
+from .report import TransformReport, compare_models, probe_inputs, state_size
+
+__all__ = ["copy_model", "finish", "linear_from", "named", "select_linears", "set_submodule"]
+
+
+def copy_model(model, transform: str) -> Module:
+    """A deep copy of ``model`` for ``transform`` to edit (the caller's model is never touched)."""
+    if not isinstance(model, Module):
+        raise TypeError(f"{transform}() takes a linearkit Module, got {type(model).__name__}; "
+                        "convert a PyTorch model first with linearkit.io.from_torch")
+    return copy.deepcopy(model)
+
+
+def named(path: str, module: Module) -> str:
+    """How a report and an error name a layer: ``'0' (Linear(3, 4))``, or ``the model (...)``."""
+    rule = rule_for(module)
+    text = rule.describe_module(module) if rule is not None else type(module).__name__
+    return f"'{path}' ({text})" if path else f"the model ({text})"
+
+
+def _matches(path: str, target: str) -> bool:
+    return path == target or path.endswith("." + target) or fnmatch.fnmatchcase(path, target)
+
+
+def select_linears(model: Module, targets, transform: str) -> list[tuple[str, Linear]]:
+    """``(path, layer)`` of every plain ``Linear`` in ``model`` that ``targets`` names.
+
+    ``targets``: None (all of them), or a path / list of paths, each matching a layer's path
+    exactly, its last components (``'fc1'`` matches ``'encoder.fc1'``, as peft's
+    ``target_modules``), or as a glob (``'blocks.*.proj'``). A target that names no Linear is a
+    ValueError listing the layers there are.
+    """
+    linears = [(path, m) for path, m in model.named_modules() if type(m) is Linear]
+    if targets is None:
+        return linears
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    chosen, seen = [], set()
+    for target in targets:
+        hits = [(p, m) for p, m in linears if _matches(p, target)]
+        if not hits:
+            there = ", ".join(repr(p) for p, _ in linears) or "none"
+            raise ValueError(f"{transform}(): target {target!r} names no Linear layer in the "
+                             f"model; its Linear layers are: {there}")
+        for p, m in hits:
+            if p not in seen:
+                seen.add(p)
+                chosen.append((p, m))
+    return chosen
+
+
+def set_submodule(root: Module, path: str, module: Module) -> Module:
+    """Put ``module`` at ``path`` in ``root`` (``'encoder.0'``) and return the new root (which is
+    ``module`` itself when ``path`` is '')."""
+    if not path:
+        return module
+    parent_path, _, name = path.rpartition(".")
+    parent = dict(root.named_modules(remove_duplicate=False))[parent_path]
+    parent.add_module(name, module)
+    return root
+
+
+def linear_from(weight: np.ndarray, bias: np.ndarray | None, dtype) -> Linear:
+    """A ``Linear(in, out)`` holding ``weight (out, in)`` and ``bias (out,)`` (or none), cast to
+    ``dtype``; the library's random stream is not advanced."""
+    n_out, n_in = weight.shape
+    layer = Linear(n_in, n_out, bias=bias is not None, dtype=dtype,
+                   rng=np.random.default_rng(0))
+    layer.weight.data[...] = weight
+    if bias is not None:
+        layer.bias.data[...] = bias
+    return layer
+
+
+def finish(transform: str, old: Module, new: Module, probe, changed: list, left: list,
+           layers: list | None = None) -> TransformReport:
+    """The report of ``transform``: ``new`` checked against ``old`` on the probe inputs, and
+    both models' sizes."""
+    max_abs, max_rel = compare_models(old, new, probe_inputs(old, probe))
+    params_before, bytes_before = state_size(old)
+    params_after, bytes_after = state_size(new)
+    return TransformReport(transform, max_abs, max_rel, params_before, params_after,
+                           bytes_before, bytes_after, list(changed), list(left),
+                           list(layers or []))
