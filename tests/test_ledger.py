@@ -227,6 +227,7 @@ def test_consecutive_linears_are_mergeable_with_w2_w1():
     L = ledger(lk.Sequential(l1, lk.Identity(), l2), (3, 6))
     (f,) = [f for f in L.findings if f.kind == "mergeable-linear"]
     assert f.paths == ("0", "2") and "W2 W1" in f.message
+    assert f.transform.startswith("transforms.merge_linear") and "Apply: " in str(f)
     assert f.saving_params == (6 * 5 + 5 + 5 * 4 + 4) - (6 * 4 + 4)
     x = rng(3).standard_normal((3, 6)).astype(np.float32)
     w1, b1, w2, b2 = l1.weight.data, l1.bias.data, l2.weight.data, l2.bias.data
@@ -283,6 +284,7 @@ def test_low_rank_weight_is_found_with_its_saving():
     L = ledger(layer, (2, 48))
     (f,) = [f for f in L.findings if f.kind == "low-rank"]
     assert "rank 3" in f.message and f.saving_params == 64 * 48 - 3 * (48 + 64)
+    assert f.transform.startswith("transforms.factorize(model, rank=3, targets=['']")
     assert "low-rank" not in _kinds(ledger(lk.Linear(48, 64, rng=rng(10)), (2, 48)))
 
 

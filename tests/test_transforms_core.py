@@ -54,11 +54,11 @@ def test_probe_inputs_read_the_input_width_or_ask_for_a_probe():
 
 def test_select_linears_by_path_suffix_and_glob():
     model = _mlp()
-    assert [p for p, _ in select_linears(model, None, "t")] == ["0", "2.0", "3"]
-    assert [p for p, _ in select_linears(model, "0", "t")] == ["0", "2.0"]  # '2.0' ends in '.0'
-    assert [p for p, _ in select_linears(model, ["2.*", "3"], "t")] == ["2.0", "3"]
+    assert [p for p, _ in select_linears(model, None, "factorize")] == ["0", "2.0", "3"]
+    assert [p for p, _ in select_linears(model, "0", "factorize")] == ["0", "2.0"]  # '2.0' ends in '.0'
+    assert [p for p, _ in select_linears(model, ["2.*", "3"], "factorize")] == ["2.0", "3"]
     with pytest.raises(ValueError, match=r"target 'fc9' names no Linear.*'0', '2.0', '3'"):
-        select_linears(model, "fc9", "t")
+        select_linears(model, "fc9", "factorize")
 
 
 def test_copy_and_set_submodule_leave_the_original_alone():

@@ -82,6 +82,8 @@ LINEAR = LayerRule(
                                      if m.weight.requires_grad else []),
     info=_linear_info,
     weight=lambda m: m.weight.data,
+    transforms=("merge_linear", "fold_norm", "factorize", "add_lora", "quantize", "prune",
+                "to_sparse"),
 )
 
 
@@ -108,7 +110,8 @@ LAZY_LINEAR = LayerRule(
 
 
 # ---------------------------------------------------------------- pass-through layers
-IDENTITY = LayerRule(kind="identity", shares_input=True, cost=_zero, saved=_nothing)
+IDENTITY = LayerRule(kind="identity", shares_input=True, cost=_zero, saved=_nothing,
+                     transforms=("merge_linear",))  # removed between merged Linears
 
 FLATTEN = LayerRule(kind="flatten", output_shape=lambda m, shape: m.output_shape(shape),
                     shares_input=True, cost=_zero, saved=_nothing)
@@ -126,6 +129,7 @@ DROPOUT = LayerRule(
                                     if _drops(m) else ZERO),
     saved=lambda m, shape, need_dx: [("mask", math.prod(shape))] if _drops(m) else [],
     note=lambda m, shape: "" if m.training else "identity (eval mode)",
+    transforms=("merge_linear",),
 )
 
 
@@ -163,6 +167,7 @@ LAYER_NORM = LayerRule(
     saved=lambda m, shape, need_dx: [
         ("xhat", math.prod(shape)),
         ("rstd", math.prod(shape[:len(shape) - len(m.normalized_shape)]))],
+    transforms=("fold_norm",),
 )
 
 
@@ -185,6 +190,7 @@ BATCH_NORM = LayerRule(
     saved=lambda m, shape, need_dx: [("xhat", math.prod(shape)), ("rstd", m.num_features)],
     info=lambda m, shape: {"c": m.num_features},
     note=lambda m, shape: "" if _batch_stats(m) else "eval: running statistics",
+    transforms=("fold_norm",),
 )
 
 

@@ -71,8 +71,10 @@ class LayerRule:
     rebuild : ``linearkit.rules.Rebuild``, optional
         How a model file rebuilds the layer (its constructor arguments; read by ``io.spec``).
         None: ``linearkit.save`` keeps the weights but not the architecture.
-    transforms : None
-        Reserved for the surgery issue (which transforms apply).
+    transforms : tuple of str
+        The ``linearkit.transforms`` that edit this layer type ('merge_linear', 'fold_norm',
+        'factorize', 'add_lora', 'quantize', 'prune', 'to_sparse'); a transform only touches a
+        layer whose rule lists it (default: none).
     """
 
     kind: str = "layer"
@@ -87,7 +89,7 @@ class LayerRule:
     compose: Callable[[Any, Any, bool, Callable], Any] | None = None
     onnx: Any = None
     rebuild: Any = None
-    transforms: Any = None
+    transforms: tuple = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or not self.kind:
@@ -98,6 +100,10 @@ class LayerRule:
             if value is not None and not callable(value):
                 raise TypeError(f"LayerRule.{name} must be callable or None, got "
                                 f"{type(value).__name__}")
+        if not (isinstance(self.transforms, tuple)
+                and all(isinstance(t, str) for t in self.transforms)):
+            raise TypeError("LayerRule.transforms must be a tuple of transform names, got "
+                            f"{self.transforms!r}")
         if not (isinstance(self.shares_input, bool) or callable(self.shares_input)):
             raise TypeError("LayerRule.shares_input must be a bool or callable(m) -> bool, got "
                             f"{type(self.shares_input).__name__}")

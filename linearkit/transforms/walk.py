@@ -36,14 +36,19 @@ def _matches(path: str, target: str) -> bool:
 
 
 def select_linears(model: Module, targets, transform: str) -> list[tuple[str, Linear]]:
-    """``(path, layer)`` of every plain ``Linear`` in ``model`` that ``targets`` names.
+    """``(path, layer)`` of every plain ``Linear`` in ``model`` that ``targets`` names, for
+    ``transform`` (its name, as listed in the layer rule's ``transforms``).
 
     ``targets``: None (all of them), or a path / list of paths, each matching a layer's path
     exactly, its last components (``'fc1'`` matches ``'encoder.fc1'``, as peft's
     ``target_modules``), or as a glob (``'blocks.*.proj'``). A target that names no Linear is a
     ValueError listing the layers there are.
     """
-    linears = [(path, m) for path, m in model.named_modules() if type(m) is Linear]
+    # Exactly Linear (a subclass may compute something else), and only where its rule lists
+    # the transform (a user's rule can take a layer type out of it).
+    name = transform.split("(")[0].strip()
+    linears = [(path, m) for path, m in model.named_modules()
+               if type(m) is Linear and name in getattr(rule_for(m), "transforms", ())]
     if targets is None:
         return linears
     targets = [targets] if isinstance(targets, str) else list(targets)

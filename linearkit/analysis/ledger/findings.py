@@ -1,4 +1,5 @@
-"""The ledger's findings: redundant linear structure, each with the fix and what it saves.
+"""The ledger's findings: redundant linear structure, each with the fix, what it saves, and the
+``linearkit.transforms`` call that applies the fix (``Finding.transform``).
 
 * ``mergeable-linear``: two Linears with only pass-through layers between are one affine map;
 * ``bias-before-batchnorm`` and ``fold-batchnorm``: a Linear followed by a BatchNorm1d;
@@ -39,7 +40,8 @@ def collect_findings(acc: Acc, rank_check: bool) -> list[Finding]:
                         "(the batch mean removes any per-feature constant).",
                         "construct the Linear with bias=False; for a trained model also subtract "
                         "the bias from running_mean so eval mode is unchanged",
-                        saving_params=c, saving_flops=B * c))
+                        saving_params=c, saving_flops=B * c,
+                        transform="transforms.fold_norm(model, keep_batchnorm=True)"))
                 out.append(Finding(
                     "fold-batchnorm", (ra.path, rb.path),
                     "in eval mode the BatchNorm1d is a fixed per-feature affine map that can be "
@@ -48,7 +50,8 @@ def collect_findings(acc: Acc, rank_check: bool) -> list[Finding]:
                     "sqrt(running_var + eps) (a bias appears if the Linear had none); keep the "
                     "BatchNorm for training",
                     saving_params=rb.params - (0 if ra.info["bias"] else c),
-                    saving_flops=(rb.flops or 0) - (0 if ra.info["bias"] else B * c)))
+                    saving_flops=(rb.flops or 0) - (0 if ra.info["bias"] else B * c),
+                    transform="transforms.fold_norm(model) (linearkit compress --fold)"))
     unaligned, where, cost = [], [], 0
     for i, w in acc.linear_weights.items():
         row = rows[i]
@@ -122,8 +125,11 @@ def _merge_finding(ra: Row, rb: Row, between) -> Finding:
         fix = (f"nothing to merge for size: this is a rank-{h} factorization of a {n_out}x{n_in} "
                f"map and cheaper than one Linear ({before:,} vs {after:,} params); keep it if "
                "intended, else add the missing nonlinearity")
+    transform = ("transforms.merge_linear(model) (linearkit compress --merge)" if after <= before
+                 else "")
     return Finding("mergeable-linear", (ra.path, rb.path), msg, fix,
-                   saving_params=before - after, saving_flops=fl_before - fl_after)
+                   saving_params=before - after, saving_flops=fl_before - fl_after,
+                   transform=transform)
 
 
 def _rank_finding(row: Row, w: np.ndarray, max_elements: int = 1 << 20) -> Finding | None:
@@ -160,4 +166,6 @@ def _rank_finding(row: Row, w: np.ndarray, max_elements: int = 1 << 20) -> Findi
         f"Linear({r}, {n_out}) (truncated SVD), which reproduces it {err}",
         saving_params=full - r * (n_in + n_out),
         saving_flops=2 * lead(row.input_shape) * (full - r * (n_in + n_out))
-        if row.input_shape else 0)
+        if row.input_shape else 0,
+        transform=f"transforms.factorize(model, rank={r}, targets=[{row.path!r}]) (linearkit "
+                  f"compress --rank {r})")

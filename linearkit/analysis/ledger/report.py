@@ -43,7 +43,11 @@ class Row:
 
 @dataclass
 class Finding:
-    """A redundancy or inefficiency, the fix, and what it saves (negative = costs)."""
+    """A redundancy or inefficiency, the fix, and what it saves (negative = costs).
+
+    ``transform``: the ``linearkit.transforms`` call that applies the fix and proves it on probe
+    inputs (with the ``linearkit compress`` flag), or '' when no transform does it.
+    """
 
     kind: str
     paths: tuple
@@ -51,6 +55,7 @@ class Finding:
     fix: str
     saving_params: int = 0
     saving_flops: int = 0
+    transform: str = ""
 
     def __str__(self) -> str:
         saving = []
@@ -61,7 +66,9 @@ class Finding:
         tail = f" Saves {', '.join(saving)}." if saving else ""
         if self.saving_params < 0 or self.saving_flops < 0:
             tail = tail.replace("Saves", "Changes").replace(" -", " +")
-        return f"[{self.kind}] {', '.join(self.paths)}: {self.message} Fix: {self.fix}.{tail}"
+        apply = f" Apply: {self.transform}." if self.transform else ""
+        return (f"[{self.kind}] {', '.join(self.paths)}: {self.message} Fix: {self.fix}.{tail}"
+                f"{apply}")
 
 
 def human_bytes(n: int | None) -> str:
