@@ -51,6 +51,14 @@ def _loadable(raw, key: str, shape: tuple, dtype: np.dtype, errors: list[str]):
         errors.append(f'While copying the parameter named "{key}", whose dtype in the model is '
                       f"{dtype}, the checkpoint's value cannot be cast: {what}.")
         return None
+    if dtype.kind in "iu" and value.size and not _whole_in_range(value, dtype):
+        info = np.iinfo(dtype)
+        errors.append(f'While copying the parameter named "{key}", whose dtype in the model is '
+                      f"{dtype}, the checkpoint's {value.dtype} value cannot be cast without "
+                      f"changing it: only whole numbers in [{info.min}, {info.max}] load into "
+                      f"{dtype} (float weights loaded into a quantized model? quantize the float "
+                      "model instead).")
+        return None
     if value.shape != shape:
         if shape == () and value.shape == (1,):
             return value.reshape(())  # PyTorch loads old checkpoints' (1,) into a 0-d buffer
@@ -58,6 +66,15 @@ def _loadable(raw, key: str, shape: tuple, dtype: np.dtype, errors: list[str]):
                       f"checkpoint, the shape in current model is {shape}.")
         return None
     return value
+
+
+def _whole_in_range(value: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether every element of ``value`` is a whole number that ``dtype`` (an integer dtype)
+    holds, so casting it changes nothing (a float 0.3 would silently become 0, a 300 wrap)."""
+    if value.dtype.kind == "f" and not (value == np.trunc(value)).all():
+        return False
+    info = np.iinfo(dtype)
+    return bool(value.min() >= info.min and value.max() <= info.max)
 
 
 def _assign(array: np.ndarray, value: np.ndarray) -> None:
@@ -304,7 +321,8 @@ class Module:
         Transactional: every key, shape and value is checked before anything is assigned, so a
         load that raises leaves the model exactly as it was (a LazyLinear stays lazy), and the
         message names every offending key. A value that cannot be cast losslessly in kind (a
-        string, an object, a complex array into a real parameter) is such an error.
+        string, an object, a complex array into a real parameter) is such an error, and so is
+        a value an integer buffer would change (a fraction or an out-of-range number into int8).
 
         ``layout`` states how the checkpoint stores Linear weights: ``"out_in"`` (PyTorch's
         ``(out_features, in_features)``, the default) or ``"in_out"`` (Keras, Flax,
