@@ -22,8 +22,8 @@ import numpy as np
 from ..layers import BatchNorm1d, LayerNorm, Linear
 from ..module import Module
 from ..rules import rule_for
-from .merge import checked, edit_chains, join, lists
-from .walk import copy_model, linear_from, named
+from .merge import edit_chains, join
+from .walk import copy_model, finish, linear_from, lists, named
 
 __all__ = ["fold_batchnorm_weights", "fold_layernorm_weights", "fold_norm"]
 
@@ -406,4 +406,4 @@ def fold_norm(model: Module, *, probe=None, keep_batchnorm: bool = False):
     new = copy_model(model, NAME)
     folder = _Folder(new, keep_batchnorm)
     new = edit_chains(new, folder.edit)
-    return new, checked(NAME, model, new, probe, folder.changed, folder.left, folder.layers)
+    return new, finish(NAME, model, new, probe, folder.changed, folder.left, folder.layers)

@@ -16,7 +16,6 @@ and says in the report what it left and why.
 
 from __future__ import annotations
 
-import copy
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -26,8 +25,7 @@ import numpy as np
 from ..layers import LazyLinear, Linear, Sequential
 from ..module import Module
 from ..rules import rule_for
-from .report import state_size
-from .walk import copy_model, finish, linear_from, named, set_submodule
+from .walk import copy_model, finish, linear_from, lists, named, set_submodule
 
 __all__ = ["merge_linear", "merge_weights"]
 
@@ -114,11 +112,6 @@ def merge_weights(w1, b1, w2, b2):
 
 
 # ---------------------------------------------------------------- walking the chains
-def lists(module: Module, transform: str) -> bool:
-    """Whether ``module``'s layer rule lists ``transform`` (a transform touches nothing else)."""
-    return transform in (getattr(rule_for(module), "transforms", None) or ())
-
-
 def join(prefix: str, name: str) -> str:
     """The path of child ``name`` of the module at ``prefix``."""
     return f"{prefix}.{name}" if prefix else name
@@ -142,28 +135,6 @@ def edit_chains(root: Module, edit) -> Module:
         new.training = seq.training
         root = set_submodule(root, path, new)
     return root
-
-
-def checked(transform: str, old: Module, new: Module, probe, changed, left, layers):
-    """``walk.finish``, without materializing the caller's unmaterialized ``LazyLinear`` layers.
-
-    Running a model materializes its lazy layers (with fresh random weights), so the probes run
-    on copies whose lazy layers (left alone by the transforms, at the same paths in both) are
-    seeded alike; the sizes are the real models'.
-    """
-    lazy = [path for path, m in old.named_modules() if isinstance(m, LazyLinear)]
-    if not lazy:
-        return finish(transform, old, new, probe, changed, left, layers)
-    twins = copy.deepcopy(old), copy.deepcopy(new)
-    for seed, path in enumerate(lazy):
-        for twin in twins:
-            layer = dict(twin.named_modules()).get(path)
-            if isinstance(layer, LazyLinear):
-                layer.reset_parameters(np.random.default_rng(seed))
-    report = finish(transform, *twins, probe, changed, left, layers)
-    report.params_before, report.bytes_before = state_size(old)
-    report.params_after, report.bytes_after = state_size(new)
-    return report
 
 
 # ---------------------------------------------------------------- what may stand in a run
@@ -507,4 +478,4 @@ def merge_linear(model: Module, *, force: bool = False, only=None, probe=None):
         return _edit(chain, runs, force, wanted is not None, changed, left, layers)
 
     new = edit_chains(new, edit)
-    return new, checked(NAME, model, new, probe, changed, left, layers)
+    return new, finish(NAME, model, new, probe, changed, left, layers)

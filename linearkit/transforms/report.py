@@ -120,8 +120,10 @@ def input_width(model: Module) -> tuple | None:
 
 
 def probe_inputs(model: Module, probe=None, rows: int = PROBE_ROWS, seed: int = 0) -> list:
-    """The inputs a transform is checked on: ``rows`` standard-normal rows of the model's input
-    width (when it can be read off the model), plus ``probe`` (the user's batch) if given.
+    """The inputs a transform is checked on: ``rows`` standard-normal rows, plus ``probe`` (the
+    user's batch) if given. The random rows take the trailing shape of ``probe`` when there is
+    one (so a model of 3-D inputs is checked as it is used), else the model's input width when
+    it can be read off the model.
 
     Raises ValueError naming the fix when there is neither.
     """
@@ -130,12 +132,18 @@ def probe_inputs(model: Module, probe=None, rows: int = PROBE_ROWS, seed: int = 
     if dtype.itemsize < 4:
         dtype = np.dtype(np.float32)
     out = []
-    width = input_width(model)
+    if probe is not None:
+        probe = np.asarray(probe)
+        if probe.ndim == 0:
+            raise ValueError("probe= must be a batch of inputs (N, *in_shape), got a scalar")
+        if np.issubdtype(probe.dtype, np.floating):
+            dtype = probe.dtype
+    width = tuple(probe.shape[1:]) if probe is not None else input_width(model)
     if width is not None:
         rng = np.random.default_rng(seed)
         out.append(rng.standard_normal((rows, *width)).astype(dtype))
     if probe is not None:
-        out.append(np.asarray(probe))
+        out.append(probe)
     if not out:
         raise ValueError(f"cannot tell the input width of {type(model).__name__} to draw probe "
                          "inputs: pass a batch of real inputs as probe=")

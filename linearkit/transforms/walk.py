@@ -8,12 +8,13 @@ import fnmatch
 
 import numpy as np
 
-from ..layers import Linear
+from ..layers import LazyLinear, Linear
 from ..module import Module
 from ..rules import rule_for
 from .report import TransformReport, compare_models, probe_inputs, state_size
 
-__all__ = ["copy_model", "finish", "linear_from", "named", "select_linears", "set_submodule"]
+__all__ = ["copy_model", "finish", "linear_from", "lists", "named", "select_linears",
+           "set_submodule"]
 
 
 def copy_model(model, transform: str) -> Module:
@@ -31,6 +32,13 @@ def named(path: str, module: Module) -> str:
     return f"'{path}' ({text})" if path else f"the model ({text})"
 
 
+def lists(module: Module, transform: str) -> bool:
+    """Whether ``module``'s layer rule lists ``transform`` (a transform touches nothing else);
+    ``transform`` may carry a call's text ('quantize(int8)')."""
+    name = transform.split("(")[0].strip()
+    return name in (getattr(rule_for(module), "transforms", None) or ())
+
+
 def _matches(path: str, target: str) -> bool:
     return path == target or path.endswith("." + target) or fnmatch.fnmatchcase(path, target)
 
@@ -46,9 +54,8 @@ def select_linears(model: Module, targets, transform: str) -> list[tuple[str, Li
     """
     # Exactly Linear (a subclass may compute something else), and only where its rule lists
     # the transform (a user's rule can take a layer type out of it).
-    name = transform.split("(")[0].strip()
     linears = [(path, m) for path, m in model.named_modules()
-               if type(m) is Linear and name in getattr(rule_for(m), "transforms", ())]
+               if type(m) is Linear and lists(m, transform)]
     if targets is None:
         return linears
     targets = [targets] if isinstance(targets, str) else list(targets)
@@ -92,10 +99,24 @@ def linear_from(weight: np.ndarray, bias: np.ndarray | None, dtype) -> Linear:
 def finish(transform: str, old: Module, new: Module, probe, changed: list, left: list,
            layers: list | None = None) -> TransformReport:
     """The report of ``transform``: ``new`` checked against ``old`` on the probe inputs, and
-    both models' sizes."""
-    max_abs, max_rel = compare_models(old, new, probe_inputs(old, probe))
+    both models' sizes.
+
+    Running a model materializes its lazy layers (with fresh random weights), so where ``old``
+    has an unmaterialized ``LazyLinear`` the probes run on copies whose lazy layers (left alone
+    by the transforms, at the same paths in both) are seeded alike: the caller's model is never
+    touched, and both sides compute with the same weights.
+    """
     params_before, bytes_before = state_size(old)
     params_after, bytes_after = state_size(new)
+    lazy = [path for path, m in old.named_modules() if isinstance(m, LazyLinear)]
+    if lazy:
+        old, new = copy.deepcopy(old), copy.deepcopy(new)
+        for seed, path in enumerate(lazy):
+            for twin in (old, new):
+                layer = dict(twin.named_modules()).get(path)
+                if isinstance(layer, LazyLinear):
+                    layer.reset_parameters(np.random.default_rng(seed))
+    max_abs, max_rel = compare_models(old, new, probe_inputs(old, probe))
     return TransformReport(transform, max_abs, max_rel, params_before, params_after,
                            bytes_before, bytes_after, list(changed), list(left),
                            list(layers or []))
