@@ -82,8 +82,8 @@ LINEAR = LayerRule(
                                      if m.weight.requires_grad else []),
     info=_linear_info,
     weight=lambda m: m.weight.data,
-    transforms=("merge_linear", "fold_norm", "factorize", "add_lora", "quantize", "prune",
-                "to_sparse"),
+    transforms=("merge_linear", "fold_norm", "factorize", "add_lora", "extract_lora",
+                "quantize", "prune", "to_sparse"),
 )
 
 
