@@ -18,7 +18,8 @@ from linearkit.layers.sparse import SparseLinear, csr_problem
 from linearkit.loop import step
 from linearkit.rules import rule_for
 from linearkit.train import build_model
-from linearkit.transforms.prune import csr_bytes, prune, prune_weight, to_sparse
+from linearkit.transforms import prune, prune_weight, to_sparse
+from linearkit.transforms.pruning import csr_bytes
 from linearkit.transforms.sparse_timing import sparse_vs_dense
 
 
@@ -427,5 +428,5 @@ def test_missing_scipy_names_the_extra(monkeypatch):
 
 def test_import_stays_free_of_scipy():
     code = ("import sys, linearkit, linearkit.rules, linearkit.layers.sparse, "
-            "linearkit.transforms.prune; assert 'scipy' not in sys.modules, 'scipy imported'")
+            "linearkit.transforms.pruning; assert 'scipy' not in sys.modules, 'scipy imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

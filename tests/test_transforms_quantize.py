@@ -11,7 +11,7 @@ from linearkit.layers.quantized import QuantizedLinear, QuantizedTrainingError
 from linearkit.loop import step
 from linearkit.rules import rule_for
 from linearkit.train import accuracy, train
-from linearkit.transforms.quantize import quantize, quantize_weight
+from linearkit.transforms import quantize, quantize_weight
 
 torch = pytest.importorskip("torch")
 

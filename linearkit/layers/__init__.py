@@ -5,7 +5,10 @@ from .container import Residual, Sequential
 from .dropout import Dropout
 from .flatten import Flatten
 from .linear import Identity, LazyLinear, Linear
+from .lora import LoRALinear
 from .norm import BatchNorm1d, LayerNorm
+from .quantized import QuantizedLinear, QuantizedTrainingError
+from .sparse import SparseLinear
 
 __all__ = [
     "GELU",
@@ -17,11 +20,15 @@ __all__ = [
     "LazyLinear",
     "LeakyReLU",
     "Linear",
+    "LoRALinear",
     "LogSoftmax",
+    "QuantizedLinear",
+    "QuantizedTrainingError",
     "ReLU",
     "Residual",
     "Sequential",
     "SiLU",
+    "SparseLinear",
     "Sigmoid",
     "Softmax",
     "Tanh",

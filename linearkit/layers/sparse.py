@@ -1,6 +1,6 @@
 """SparseLinear: a linear map whose weight is stored compressed (CSR), only its nonzeros.
 
-Pruning (``linearkit.transforms.prune``) and ``linearkit.init.sparse_`` only write zeros into a
+Pruning (``linearkit.transforms.prune``, in ``transforms/pruning.py``) and ``linearkit.init.sparse_`` only write zeros into a
 *dense* matrix, which still stores (and multiplies) every one of them: nothing is saved until the
 weight is converted to this layer (``linearkit.transforms.to_sparse``). The products go through
 ``scipy.sparse`` (the ``sparse`` extra: ``pip install linearkit[sparse]``), imported on first use.

@@ -24,16 +24,19 @@ import importlib
 
 from .report import TransformReport
 
-#: public name -> the submodule that defines it (loaded on first use).
+#: public name -> the submodule that defines it (loaded on first use). No submodule may share
+#: a public function's name: importing ``transforms.quantize`` would bind the module over the
+#: function on the package.
 _WHERE = {
     "merge_weights": "merge", "merge_linear": "merge",
     "fold_batchnorm_weights": "fold", "fold_layernorm_weights": "fold", "fold_norm": "fold",
     "factorize_weight": "factorize", "factorize": "factorize", "rank_sweep": "factorize",
     "add_lora": "lora", "merge_lora": "lora", "extract_lora": "lora", "save_adapter": "lora",
-    "load_adapter": "lora",
-    "quantize_weight": "quantize", "quantize": "quantize",
+    "load_adapter": "lora", "merge_lora_weights": "lora", "extract_lora_weights": "lora",
+    "LoRAReport": "lora",
+    "quantize_weight": "quantization", "quantize": "quantization",
     "fuse_qkv_weights": "qkv", "fuse_qkv": "qkv", "split_qkv": "qkv",
-    "prune_weight": "prune", "prune": "prune", "to_sparse": "prune",
+    "prune_weight": "pruning", "prune": "pruning", "to_sparse": "pruning",
 }
 
 __all__ = ["TransformReport", *_WHERE]

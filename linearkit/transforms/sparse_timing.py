@@ -17,7 +17,7 @@ import numpy as np
 
 from ..layers import Linear
 from ..layers.sparse import SparseLinear
-from .prune import prune_weight
+from .pruning import prune_weight
 
 __all__ = ["sparse_vs_dense"]
 

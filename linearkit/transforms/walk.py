@@ -22,7 +22,10 @@ def copy_model(model, transform: str) -> Module:
     if not isinstance(model, Module):
         raise TypeError(f"{transform}() takes a linearkit Module, got {type(model).__name__}; "
                         "convert a PyTorch model first with linearkit.io.from_torch")
-    return copy.deepcopy(model)
+    new = copy.deepcopy(model)
+    for p in new.parameters():
+        p.grad = None  # a new model starts without gradients (the original keeps its own)
+    return new
 
 
 def named(path: str, module: Module) -> str:
@@ -43,6 +46,20 @@ def _matches(path: str, target: str) -> bool:
     return path == target or path.endswith("." + target) or fnmatch.fnmatchcase(path, target)
 
 
+def _owner(model: Module, path: str) -> str | None:
+    """The path of the layer that the module at ``path`` is a part of — an ancestor with a rule
+    of its own that is not a container (a LoRALinear, for its base and adapters) — or None when
+    it is a step of containers and of users' modules only."""
+    parts = path.split(".") if path else []
+    modules = dict(model.named_modules())
+    for i in range(len(parts)):
+        ancestor = modules.get(".".join(parts[:i]))
+        rule = rule_for(ancestor) if ancestor is not None else None
+        if rule is not None and rule.kind not in ("sequential", "residual"):
+            return ".".join(parts[:i])
+    return None
+
+
 def select_linears(model: Module, targets, transform: str) -> list[tuple[str, Linear]]:
     """``(path, layer)`` of every plain ``Linear`` in ``model`` that ``targets`` names, for
     ``transform`` (its name, as listed in the layer rule's ``transforms``).
@@ -50,12 +67,14 @@ def select_linears(model: Module, targets, transform: str) -> list[tuple[str, Li
     ``targets``: None (all of them), or a path / list of paths, each matching a layer's path
     exactly, its last components (``'fc1'`` matches ``'encoder.fc1'``, as peft's
     ``target_modules``), or as a glob (``'blocks.*.proj'``). A target that names no Linear is a
-    ValueError listing the layers there are.
+    ValueError listing the layers there are. The Linears inside another layer (a LoRALinear's
+    base and adapters) are parts of that layer, never targets.
     """
     # Exactly Linear (a subclass may compute something else), and only where its rule lists
     # the transform (a user's rule can take a layer type out of it).
-    linears = [(path, m) for path, m in model.named_modules()
-               if type(m) is Linear and lists(m, transform)]
+    found = [(path, m) for path, m in model.named_modules()
+             if type(m) is Linear and lists(m, transform)]
+    linears = [(path, m) for path, m in found if _owner(model, path) is None]
     if targets is None:
         return linears
     targets = [targets] if isinstance(targets, str) else list(targets)
@@ -63,6 +82,12 @@ def select_linears(model: Module, targets, transform: str) -> list[tuple[str, Li
     for target in targets:
         hits = [(p, m) for p, m in linears if _matches(p, target)]
         if not hits:
+            inner = [p for p, _ in found if _matches(p, target)]
+            if inner:
+                owner = _owner(model, inner[0])
+                raise ValueError(f"{transform}(): target {target!r} names '{inner[0]}', which is "
+                                 f"inside {named(owner, dict(model.named_modules())[owner])}: "
+                                 "a part of that layer, not a layer of its own")
             there = ", ".join(repr(p) for p, _ in linears) or "none"
             raise ValueError(f"{transform}(): target {target!r} names no Linear layer in the "
                              f"model; its Linear layers are: {there}")

@@ -70,7 +70,7 @@ def prune_weight(w, amount, structured: bool = False) -> np.ndarray:
     Examples
     --------
     >>> import numpy as np
-    >>> from linearkit.transforms.prune import prune_weight
+    >>> from linearkit.transforms import prune_weight
     >>> w = np.array([[0.5, -0.1, 2.0], [0.3, -4.0, 0.2]])
     >>> prune_weight(w, 0.5).astype(int)
     array([[1, 0, 1],

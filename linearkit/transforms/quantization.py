@@ -85,7 +85,7 @@ def quantize(model: Module, scheme: str = "int8", *, activations: str | None = N
     Examples
     --------
     >>> import numpy as np, linearkit as lk
-    >>> from linearkit.transforms.quantize import quantize
+    >>> from linearkit.transforms import quantize
     >>> model = lk.Sequential(lk.Linear(64, 32), lk.ReLU(), lk.Linear(32, 10))
     >>> small, report = quantize(model, "int8")
     >>> type(small[0]).__name__, report.bytes_before, report.bytes_after
