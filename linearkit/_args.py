@@ -78,6 +78,23 @@ def positive_float(text: str) -> float:
     return value
 
 
+def fraction(low_open: bool, high_open: bool):
+    """An argparse type: a float in (0, 1], [0, 1) ... as ``low_open``/``high_open`` say."""
+    interval = f"{'(' if low_open else '['}0, 1{')' if high_open else ']'}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (0.0 < value if low_open else 0.0 <= value) or not (
+                value < 1.0 if high_open else value <= 1.0):
+            raise argparse.ArgumentTypeError(f"expected a number in {interval}, got {text!r}")
+        return value
+
+    return parse
+
+
 def threads(text: str) -> int | str | None:
     """``--threads``: ``auto`` -> ``"auto"``, ``default`` -> None (BLAS as it is), or ``N >= 1``."""
     if text in ("auto", "default"):

@@ -1,4 +1,5 @@
-"""The ``linearkit`` command: ``train`` (the main job), ``ledger``, ``gradcheck``, ``experiment``.
+"""The ``linearkit`` command: ``train`` (the main job), ``ledger``, ``inspect``, ``convert``,
+``compress``, ``gradcheck``, ``experiment``.
 
 Every argument is checked before any work starts. Exit status: 0 success; 1 a failed check
 (``gradcheck``) or an internal error; 2 a user error, always ONE line on stderr, never a
@@ -20,6 +21,7 @@ from ._args import (
     Parser,
     UsageError,
     check_writable_file,
+    fraction,
     int_at_least,
     positive_float,
     shape,
@@ -203,6 +205,51 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compress(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .transforms.pipeline import compress, load_any
+
+    _need_cli_extra("compress")
+    for path in [args.source] + ([args.arch] if args.arch else []) + (
+            [args.probe] if args.probe else []):
+        if not os.path.isfile(path):
+            raise UsageError(f"{path}: no such file")
+    if not args.out.lower().endswith(".safetensors"):
+        raise UsageError(f"-o {args.out}: compress writes a self-describing .safetensors model "
+                         "file; convert it afterwards (linearkit convert) if you need another")
+    if os.path.abspath(args.out) == os.path.abspath(args.source):
+        raise UsageError(f"-o {args.out} is the input file; give another output path")
+    check_writable_file(args.out, "-o")
+    probe = None
+    if args.probe:
+        try:
+            probe = np.load(args.probe, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--probe {args.probe}: not a .npy array ({exc})") from None
+    try:
+        model = load_any(args.source, args.arch)
+        if args.fold:
+            model.eval()  # compressing is for inference: BatchNorm folds with running stats
+        model, reports = compress(model, merge=args.merge, fold=args.fold, rank=args.rank,
+                                  energy=args.energy, int8=args.int8, prune=args.prune,
+                                  probe=probe)
+    except ImportError as exc:
+        raise UsageError(str(exc)) from None
+    except (ValueError, TypeError) as exc:
+        if isinstance(exc, USER_ERRORS):
+            raise
+        raise UsageError(f"{args.source}: {' '.join(str(exc).split())}") from None
+    from .io import save
+
+    save(model, args.out)
+    for report in reports:
+        print(report)
+    print(f"wrote {args.out}: {os.path.getsize(args.source):,} -> "
+          f"{os.path.getsize(args.out):,} bytes on disk")
+    return 0
+
+
 def _gradcheck(args: argparse.Namespace) -> int:
     from .analysis.selfcheck import self_check
 
@@ -289,6 +336,34 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--input-shape", type=shape, default=None,
                          help="input shape with batch for an ONNX export, e.g. 1,40")
     convert.set_defaults(run=_convert)
+
+    squeeze = commands.add_parser(
+        "compress", help="merge, fold, factorize, prune or int8-quantize a model file",
+        description="Shrink a model file with linearkit.transforms, each step checked on probe "
+                    "inputs (its report is printed): --fold, then --merge, then --rank/--energy, "
+                    "then --prune (stored sparse), then --int8. Writes .safetensors.")
+    squeeze.add_argument("source", help="a linearkit .safetensors model file, an ONNX MLP, or "
+                                        "a .pt/.pth state dict (with --arch)")
+    squeeze.add_argument("-o", "--out", required=True, help="the .safetensors file to write")
+    squeeze.add_argument("--arch", default=None,
+                         help="for a .pt/.pth input: a linearkit model file of the same layers")
+    squeeze.add_argument("--merge", action="store_true",
+                         help="merge consecutive linear layers with nothing nonlinear between")
+    squeeze.add_argument("--fold", action="store_true",
+                         help="fold BatchNorm1d/LayerNorm affine maps into the Linear layers")
+    low_rank = squeeze.add_mutually_exclusive_group()
+    low_rank.add_argument("--rank", type=int_at_least(1), default=None,
+                          help="factorize each Linear at this rank (where it saves)")
+    low_rank.add_argument("--energy", type=fraction(True, False), default=None,
+                          help="factorize keeping this fraction of spectral energy, e.g. 0.9")
+    squeeze.add_argument("--int8", action="store_true",
+                         help="weight-only int8 per output channel")
+    squeeze.add_argument("--prune", type=fraction(False, True), default=None, metavar="AMOUNT",
+                         help="zero this fraction of each weight (smallest magnitudes) and "
+                              "store the layers sparse")
+    squeeze.add_argument("--probe", default=None,
+                         help="a .npy batch of real inputs to check the result on")
+    squeeze.set_defaults(run=_compress)
 
     check = commands.add_parser(
         "gradcheck", help="self-check: every shipped module's backward vs central differences",

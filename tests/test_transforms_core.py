@@ -86,3 +86,20 @@ def test_finish_reports_sizes_errors_and_a_summary():
     assert report.max_abs_error == 0 and report.params_before == report.params_after == 46
     assert report.summary().startswith("noop: 1 change, 1 left; params 46 -> 46")
     assert "left    y: why" in str(report)
+
+
+def test_every_public_transform_name_is_the_function_not_a_submodule():
+    """No submodule may share a public name: importing it would bind the module over the
+    function on the package (``transforms.quantize`` was once the module)."""
+    import importlib
+
+    import linearkit.transforms as T
+
+    for name in T.__all__:
+        value = getattr(T, name)
+        assert not isinstance(value, type(T)), name
+        importlib.import_module(f"linearkit.transforms.{T._WHERE.get(name, 'report')}")
+        assert getattr(T, name) is value, name  # still the function after the import
+    from linearkit.transforms import factorize, prune, quantize
+
+    assert callable(factorize) and callable(prune) and callable(quantize)

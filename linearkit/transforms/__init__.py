@@ -30,7 +30,8 @@ from .report import TransformReport
 _WHERE = {
     "merge_weights": "merge", "merge_linear": "merge",
     "fold_batchnorm_weights": "fold", "fold_layernorm_weights": "fold", "fold_norm": "fold",
-    "factorize_weight": "factorize", "factorize": "factorize", "rank_sweep": "factorize",
+    "factorize_weight": "factorization", "factorize": "factorization",
+    "rank_sweep": "factorization",
     "add_lora": "lora", "merge_lora": "lora", "extract_lora": "lora", "save_adapter": "lora",
     "load_adapter": "lora", "merge_lora_weights": "lora", "extract_lora_weights": "lora",
     "LoRAReport": "lora",

@@ -1,0 +1,96 @@
+"""``compress(model, ...)``: the transforms ``linearkit compress`` applies, in a sound order.
+
+The order is fixed so that each step sees what the previous one made:
+fold the norms (into the Linears around them) -> merge the linear runs (now longer) -> factorize
+-> prune (and store the pruned layers sparse) -> quantize to int8. Pruning and int8 do not combine
+(a sparse layer is not quantized; pick one). Every step returns its own report.
+"""
+
+from __future__ import annotations
+
+from ..module import Module
+
+__all__ = ["compress", "load_any"]
+
+
+def compress(model: Module, *, merge: bool = False, fold: bool = False, rank: int | None = None,
+             energy: float | None = None, int8: bool = False, prune: float | None = None,
+             probe=None) -> tuple[Module, list]:
+    """Apply the chosen transforms to a copy of ``model``: ``(new_model, [report, ...])``.
+
+    ``model`` must be in eval mode for ``fold`` (BatchNorm folds only with running statistics).
+    ``prune``: the fraction of each weight's smallest-magnitude entries to zero; the pruned
+    layers are then stored as CSR ``SparseLinear`` where that saves bytes (below 50% density).
+    Raises ValueError when nothing is asked, or for a combination that cannot hold
+    (``rank`` with ``energy``, ``prune`` with ``int8``).
+    """
+    from . import factorize, fold_norm, merge_linear, prune as prune_, quantize, to_sparse
+
+    if not (merge or fold or rank or energy or int8 or prune is not None):
+        raise ValueError("nothing to do: ask for at least one of merge, fold, rank/energy, "
+                         "int8, prune")
+    if rank is not None and energy is not None:
+        raise ValueError("give a rank or an energy to keep, not both")
+    if prune is not None and int8:
+        raise ValueError("pruning stores layers sparse (float values + int32 indices) and int8 "
+                         "stores them dense: the two do not combine; pick one")
+    reports = []
+
+    def step(result):
+        nonlocal model
+        model, report = result
+        reports.append(report)
+
+    if fold:
+        step(fold_norm(model, probe=probe))
+    if merge:
+        step(merge_linear(model, probe=probe))
+    if rank is not None or energy is not None:
+        step(factorize(model, rank=rank, energy=energy, probe=probe))
+    if prune is not None:
+        step(prune_(model, prune, probe=probe))
+        step(to_sparse(model, min_sparsity=0.5, probe=probe))
+    if int8:
+        step(quantize(model, "int8", probe=probe))
+    return model, reports
+
+
+def load_any(path: str, architecture: str | None = None) -> Module:
+    """A linearkit model from ``path``: a self-describing .safetensors (``linearkit.save``), an
+    ONNX MLP (``import_onnx``), or a PyTorch state dict (.pt/.pth, read without unpickling) put
+    into the architecture of ``architecture`` (a linearkit model file whose layers match).
+
+    Raises FormatError naming the file for anything else.
+    """
+    import os
+
+    from ..errors import FormatError
+    from ..io.convert import FORMATS
+    from ..io.model_file import load_model
+
+    kind = FORMATS.get(os.path.splitext(path)[1].lower())
+    if kind == "safetensors":
+        return load_model(path)
+    if kind == "onnx":
+        from ..io.onnx_import import import_onnx
+
+        return import_onnx(path)
+    if kind == "torch":
+        if architecture is None:
+            raise FormatError("a .pt/.pth file holds weights but no architecture", path=path,
+                              hint="give one with --arch MODEL.safetensors (a linearkit model "
+                                   "file of the same layers), or convert the torch model with "
+                                   "linearkit.io.from_torch and linearkit.save")
+        from ..io.torch import load_torch_state
+
+        model = load_model(architecture)
+        try:
+            model.load_state_dict(load_torch_state(path))
+        except RuntimeError as err:
+            first = str(err).split("\n\t")[1] if "\n\t" in str(err) else str(err)
+            raise FormatError(f"its state dict does not fit the architecture of {architecture}: "
+                              f"{first.strip()}", path=path,
+                              hint="--arch must be a model file of the same layers") from None
+        return model
+    raise FormatError(f"unknown file type {os.path.splitext(path)[1] or '(none)'!r}", path=path,
+                      hint="give a .safetensors, .onnx, .pt or .pth file")
