@@ -5,8 +5,7 @@ import pytest
 
 import linearkit as lk
 from linearkit.transforms.report import compare_models, evaluating, probe_inputs, state_size
-from linearkit.transforms.walk import (copy_model, finish, linear_from, select_linears,
-                                       set_submodule)
+from linearkit.transforms.walk import copy_model, finish, linear_from, select_linears, set_submodule
 
 
 def _mlp():

@@ -28,8 +28,8 @@ __all__ = [
     "Residual",
     "Sequential",
     "SiLU",
-    "SparseLinear",
     "Sigmoid",
     "Softmax",
+    "SparseLinear",
     "Tanh",
 ]

@@ -29,9 +29,9 @@ and a rule registered for a type replaces the one it had. The built-in rules are
 
 from . import costs
 from .builtin import register_builtin_rules
-from .surgery import register_surgery_rules
 from .rebuild import Rebuild
 from .registry import LayerRule, RuleHandle, register_rule, registered_types, rule_for
+from .surgery import register_surgery_rules
 
 register_builtin_rules()
 register_surgery_rules()

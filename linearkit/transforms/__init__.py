@@ -40,7 +40,8 @@ _WHERE = {
     "prune_weight": "pruning", "prune": "pruning", "to_sparse": "pruning",
 }
 
-__all__ = ["TransformReport", *_WHERE]
+__all__ = ["TransformReport"]
+__all__ += list(_WHERE)
 
 
 def __getattr__(name):

@@ -24,7 +24,8 @@ def compress(model: Module, *, merge: bool = False, fold: bool = False, rank: in
     Raises ValueError when nothing is asked, or for a combination that cannot hold
     (``rank`` with ``energy``, ``prune`` with ``int8``).
     """
-    from . import factorize, fold_norm, merge_linear, prune as prune_, quantize, to_sparse
+    from . import factorize, fold_norm, merge_linear, quantize, to_sparse
+    from . import prune as prune_
 
     if not (merge or fold or rank or energy or int8 or prune is not None):
         raise ValueError("nothing to do: ask for at least one of merge, fold, rank/energy, "
