@@ -324,7 +324,7 @@ def _readme_python_blocks():
 
 def test_readme_snippets_run(tmp_path, monkeypatch, capsys):
     blocks = _readme_python_blocks()
-    assert len(blocks) == 3 and "lk.load_model(" in blocks[1]
+    assert len(blocks) == 4 and "lk.load_model(" in blocks[1]
     exec(compile(blocks[0], "README.md: a training step", "exec"), {})
     # "Load saved weights back", on the file the README's first command writes.
     monkeypatch.chdir(tmp_path)
@@ -337,3 +337,9 @@ def test_readme_snippets_run(tmp_path, monkeypatch, capsys):
     # "From PyTorch and scikit-learn": both probes print True.
     exec(compile(blocks[2], "README.md: from PyTorch and scikit-learn", "exec"), {})
     assert capsys.readouterr().out.split() == ["True", "True"]
+    # "Model surgery": the merge's one-line summary, exact to float32 rounding.
+    scope = {}
+    exec(compile(blocks[3], "README.md: model surgery", "exec"), scope)
+    summary = capsys.readouterr().out
+    assert summary.startswith("merge_linear: 1 change") and scope["report"].max_rel_error < 1e-6
+    assert [type(m).__name__ for m in scope["merged"]] == ["Linear", "ReLU", "Linear"]

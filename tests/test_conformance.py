@@ -34,10 +34,60 @@ class Residual(tnn.Module):
         return x + self.module(x)
 
 
+class LoRALinear(tnn.Module):
+    """The torch reference for ``lk.LoRALinear``, written out (peft's formula and names):
+    ``base_layer(x) + (alpha / r) * lora_B(lora_A(lora_dropout(x)))``."""
+
+    def __init__(self, n_in, n_out, rank, alpha):
+        super().__init__()
+        self.rank, self.alpha, self.scaling = rank, alpha, alpha / rank
+        self.base_layer = tnn.Linear(n_in, n_out)
+        self.lora_dropout = tnn.Identity()
+        self.lora_A = tnn.Linear(n_in, rank, bias=False)
+        self.lora_B = tnn.Linear(rank, n_out, bias=False)
+
+    def forward(self, x):
+        return self.base_layer(x) + self.scaling * self.lora_B(self.lora_A(self.lora_dropout(x)))
+
+    def extra_repr(self):
+        return f"rank={self.rank}, alpha={self.alpha}, scaling={self.scaling:g}"
+
+
+class SparseLinear(tnn.Module):
+    """The torch reference for ``lk.SparseLinear``: the CSR weight scattered into a dense one
+    (``index_put``, differentiable in the stored values), then ``F.linear``."""
+
+    def __init__(self, n_in, n_out, nnz):
+        super().__init__()
+        self.in_features, self.out_features, self.nnz = n_in, n_out, nnz
+        self.weight_values = tnn.Parameter(torch.zeros(nnz))
+        self.bias = tnn.Parameter(torch.zeros(n_out))
+        # a valid placeholder pattern (everything in row 0) until the state dict is loaded
+        self.register_buffer("weight_indices", torch.arange(nnz, dtype=torch.int32) % n_in)
+        indptr = torch.full((n_out + 1,), nnz, dtype=torch.int32)
+        indptr[0] = 0
+        self.register_buffer("weight_indptr", indptr)
+
+    def forward(self, x):
+        counts = torch.diff(self.weight_indptr.long())
+        rows = torch.repeat_interleave(torch.arange(self.out_features), counts)
+        dense = torch.zeros(self.out_features, self.in_features, dtype=self.weight_values.dtype)
+        dense = dense.index_put((rows, self.weight_indices.long()), self.weight_values)
+        return tnn.functional.linear(x, dense, self.bias)
+
+    def extra_repr(self):
+        density = self.nnz / (self.in_features * self.out_features)
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"nnz={self.nnz}, density={density:.3g}, bias=True")
+
+
 class _TorchNamespace:
-    """``torch.nn`` plus the ``Residual`` reference, for the case table's ``ref(nn)``."""
+    """``torch.nn`` plus the references torch lacks (``Residual``, ``LoRALinear`` written out,
+    ``SparseLinear`` densified), for the case table's ``ref(nn)``."""
 
     Residual = Residual
+    LoRALinear = LoRALinear
+    SparseLinear = SparseLinear
 
     def __getattr__(self, name):
         return getattr(tnn, name)
@@ -231,7 +281,11 @@ def test_every_shipped_module_has_a_case():
         module = case.make(np.dtype(np.float64), np.random.default_rng(0))
         covered.update(type(m).__name__ for m in module.modules())
     covered.update(c.id for c in CASES)
-    assert set(layers.__all__) <= covered, set(layers.__all__) - covered
+    # QuantizedLinear has no backward (int8 storage, inference only: its vjp refuses, and
+    # tests/test_transforms_quantize.py checks it against torch's quantization).
+    shipped = {name for name in layers.__all__ if isinstance(getattr(layers, name), type)
+               and issubclass(getattr(layers, name), lk.Module)} - {"QuantizedLinear"}
+    assert shipped <= covered, shipped - covered
 
 
 # ----------------------------------------------------------------------------- freezing

@@ -9,6 +9,7 @@ loss, a prediction shape and a target.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -52,6 +53,21 @@ def _lin(i, o, bias=True):
     return lambda dt, rng: L.Linear(i, o, bias, dtype=dt, rng=rng)
 
 
+def _lora(dt, rng):
+    """A LoRALinear with its base unfrozen, so the conformance tests see every gradient (the
+    frozen base is tested in tests/test_transforms_lora.py)."""
+    layer = L.LoRALinear(L.Linear(4, 3, dtype=dt, rng=rng), rank=2, alpha=4, rng=rng)
+    layer.base_layer.requires_grad_(True)
+    return layer
+
+
+def _sparse(dt, rng):
+    """A SparseLinear holding half of a Linear(4, 3)'s weights (6 of 12, 1 or 3 per row)."""
+    dense = L.Linear(4, 3, dtype=dt, rng=rng)
+    keep = np.array([[1, 0, 1, 0], [0, 1, 0, 0], [1, 1, 1, 0]], bool)
+    return L.SparseLinear.from_linear(dense, mask=keep)
+
+
 def _plain(cls, *args, **kwargs):
     """A module without parameters or dtype (activations, Flatten, Identity, Dropout)."""
     return lambda dt, rng: cls(*args, **kwargs)
@@ -63,6 +79,7 @@ MODULE_CASES = [
     ModuleCase("Linear-3d", _lin(4, 3), lambda nn: nn.Linear(4, 3), (2, 3, 4)),
     ModuleCase("LazyLinear", lambda dt, rng: L.LazyLinear(3, dtype=dt, rng=rng),
                lambda nn: nn.LazyLinear(3), (5, 4)),
+    ModuleCase("LoRALinear", _lora, lambda nn: nn.LoRALinear(4, 3, 2, 4), (5, 4)),
     ModuleCase("Identity", _plain(L.Identity), lambda nn: nn.Identity(), (5, 4)),
     ModuleCase("ReLU", _plain(L.ReLU), lambda nn: nn.ReLU(), (5, 4)),
     ModuleCase("LeakyReLU", _plain(L.LeakyReLU), lambda nn: nn.LeakyReLU(), (5, 4)),
@@ -113,6 +130,18 @@ MODULE_CASES = [
                lambda nn: nn.Residual(nn.Sequential(nn.LayerNorm(4), nn.Linear(4, 6), nn.GELU(),
                                                     nn.Dropout(0.0), nn.Linear(6, 4))), (5, 4)),
 ]
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # a blocked or broken install
+        return False
+
+
+if _installed("scipy"):  # SparseLinear's kernels (the sparse extra)
+    MODULE_CASES.append(ModuleCase("SparseLinear", _sparse,
+                                   lambda nn: nn.SparseLinear(4, 3, 6), (5, 4)))
 
 
 def _labels(classes, shape):

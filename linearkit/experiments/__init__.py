@@ -6,6 +6,9 @@
   8 and 16) trained with constant-small, Xavier, Kaiming and PyTorch's default init on MNIST-1D
   and on a synthetic 128-dimensional task; writes ``init_experiment.md`` and its plots to
   ``runs/init-depth/`` (``--out-dir DIR``; ``--write-docs`` regenerates the repository's docs/).
+- ``surgery`` (:mod:`linearkit.experiments.surgery`): every ``linearkit.transforms`` transform on
+  MLPs trained on MNIST-1D and scikit-learn's digits, measured beside the articles' claims;
+  writes ``surgery.md`` to ``runs/surgery/`` (``--write-docs``: the repository's docs/).
 
 Experiment modules import matplotlib only when they draw, and are imported only when run.
 """
@@ -17,7 +20,7 @@ import importlib
 __all__ = ["EXPERIMENTS", "get", "main"]
 
 #: CLI name -> module under ``linearkit.experiments``.
-EXPERIMENTS = {"init-depth": "init_depth"}
+EXPERIMENTS = {"init-depth": "init_depth", "surgery": "surgery"}
 
 
 def get(name: str):
