@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.utils.fusion import fuse_linear_bn_eval
+from transform_checks import assert_unchanged, snapshot
 
 import linearkit as lk
 from linearkit.transforms import (
@@ -17,19 +18,6 @@ from linearkit.transforms import (
     merge_linear,
 )
 from linearkit.transforms.fold import _Folder
-
-
-def _snapshot(model):
-    return ({k: np.array(v, copy=True) for k, v in model.state_dict().items()},
-            [m.training for m in model.modules()])
-
-
-def _unchanged(model, snapshot):
-    state, modes = snapshot
-    now = model.state_dict()
-    assert list(now) == list(state)
-    assert all(np.array_equal(now[k], v) for k, v in state.items())
-    assert [m.training for m in model.modules()] == modes
 
 
 def _x(n_in, rows=16, seed=1, dtype=np.float32):
@@ -189,9 +177,9 @@ def test_keep_batchnorm_removes_the_bias_it_cancels_in_either_mode(mode):
     model = lk.Sequential(lk.Linear(5, 4, dtype=np.float64, rng=rng),
                           _bn(4, rng, dtype=np.float64), lk.ReLU())
     model.train(mode == "train")
-    snapshot = _snapshot(model)
+    before = snapshot(model)
     new, report = fold_norm(model, keep_batchnorm=True)
-    _unchanged(model, snapshot)
+    assert_unchanged(model, before)
     assert new[0].bias is None and isinstance(new[1], lk.BatchNorm1d)
     np.testing.assert_allclose(new[1].running_mean,
                                model[1].running_mean - model[0].bias.data, rtol=0, atol=1e-15)
@@ -284,9 +272,9 @@ def test_chains_fold_left_to_right_in_nested_sequentials_and_the_input_is_untouc
                           lk.Linear(6, 6, bias=False, rng=rng), _bn(6, rng), lk.ReLU(),
                           lk.Residual(lk.Sequential(_ln(6, rng), lk.Linear(6, 6, rng=rng))),
                           lk.Linear(6, 2, rng=rng)).eval()
-    snapshot = _snapshot(model)
+    before = snapshot(model)
     new, report = fold_norm(model)
-    _unchanged(model, snapshot)
+    assert_unchanged(model, before)
     assert list(dict(new.named_children())) == ["0", "2", "3", "5", "6", "7"]
     assert [(d["path"], d["kind"]) for d in report.layers] == [
         ("6.module.1", "layernorm_affine"), ("0", "batchnorm"), ("0", "layernorm_bias_mean"),

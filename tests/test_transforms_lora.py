@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transform_checks import assert_unchanged, snapshot
 
 import linearkit as lk
 from linearkit.analysis.ledger.custom import _closure_arrays
@@ -34,21 +35,6 @@ F32 = {"rtol": 1.3e-6, "atol": 1e-5}
 
 def _x(n_in, rows=16, seed=1, dtype=np.float32):
     return np.random.default_rng(seed).standard_normal((rows, n_in)).astype(dtype)
-
-
-def _snapshot(model):
-    return ({k: np.array(v, copy=True) for k, v in model.state_dict().items()},
-            [m.training for m in model.modules()],
-            [p.requires_grad for p in model.parameters()])
-
-
-def _unchanged(model, snapshot):
-    state, modes, flags = snapshot
-    now = model.state_dict()
-    assert list(now) == list(state)
-    assert all(np.array_equal(now[k], v) for k, v in state.items())
-    assert [m.training for m in model.modules()] == modes
-    assert [p.requires_grad for p in model.parameters()] == flags
 
 
 def _loras(model):
@@ -217,9 +203,9 @@ def test_add_lora_matches_peft(tmp_path):
 # ---------------------------------------------------------------- add / merge
 def test_merge_of_a_fresh_adapter_gives_the_model_back_exactly():
     model = _mlp()
-    before = _snapshot(model)
+    before = snapshot(model)
     adapted, report = add_lora(model, rank=4, rng=0)
-    _unchanged(model, before)
+    assert_unchanged(model, before)
     assert report.max_abs_error == 0.0 and len(report.changed) == 3
     assert report.trainable_params == 4 * (140 + 200 + 110)
     merged, merge_report = merge_lora(adapted)
@@ -234,10 +220,10 @@ def test_merge_of_a_fresh_adapter_gives_the_model_back_exactly():
 
 def test_merge_drift_is_below_1e6_in_float32_and_the_adapted_model_is_kept():
     adapted = _randomize_b(add_lora(_mlp(), rank=8, rng=0)[0], scale=0.3)
-    before = _snapshot(adapted)
+    before = snapshot(adapted)
     x = _x(40, rows=32, seed=5)
     merged, report = merge_lora(adapted, probe=x)
-    _unchanged(adapted, before)
+    assert_unchanged(adapted, before)
     assert 0 < report.max_rel_error < 1e-6
     torch.testing.assert_close(torch.tensor(merged(x)), torch.tensor(adapted(x)), **F32)
     for path, layer in _loras(adapted):
@@ -280,7 +266,7 @@ def test_add_lora_freezes_everything_else_and_reports_it():
 
 def test_add_lora_refuses_a_target_that_is_not_a_linear_naming_it():
     model = lk.Sequential(lk.Linear(8, 6), lk.ReLU(), lk.Linear(6, 3))
-    before = _snapshot(model)
+    before = snapshot(model)
     with pytest.raises(TypeError, match=r"target '1' \(ReLU\) is not a Linear"):
         add_lora(model, targets=["0", "1"])
     with pytest.raises(ValueError, match="target 'fc9' names no Linear layer.*'0', '2'"):
@@ -299,7 +285,7 @@ def test_add_lora_refuses_a_target_that_is_not_a_linear_naming_it():
         add_lora(model, rank=0)
     with pytest.raises(TypeError, match="convert a PyTorch model first"):
         add_lora(torch.nn.Linear(3, 2))
-    _unchanged(model, before)
+    assert_unchanged(model, before)
 
 
 def test_merge_and_save_refuse_a_model_without_adapters():
@@ -393,10 +379,10 @@ def test_extract_lora_carries_a_changed_bias_and_says_so():
     tuned[0].bias.data += 1.0                         # a bias change LoRA cannot express
     tuned[1].weight.data *= 2.0                       # a norm change
     tuned[2].bias.data -= 1.0                         # only a bias change
-    snapshots = _snapshot(tuned), _snapshot(base)
+    snapshots = snapshot(tuned), snapshot(base)
     adapted, report = extract_lora(tuned, base, rank=1, probe=_x(6))
-    _unchanged(tuned, snapshots[0])
-    _unchanged(base, snapshots[1])
+    assert_unchanged(tuned, snapshots[0])
+    assert_unchanged(base, snapshots[1])
     assert report.max_rel_error < 1e-6              # rank 1 reproduces it; the rest is carried
     assert [p for p, _ in _loras(adapted)] == ["0"]
     assert np.array_equal(adapted[0].base_layer.weight.data, base[0].weight.data)
@@ -423,7 +409,7 @@ def finetune():
     for _ in range(500):
         i = rng.integers(0, len(data.x_train), 100)
         step(base, loss, opt, data.x_train[i], data.y_train[i])
-    before = _snapshot(base)
+    before = snapshot(base)
 
     def shift(y):
         return (y + 3) % 10           # the same digits, other names: a derangement of labels
@@ -443,7 +429,7 @@ def finetune():
 
 def test_lora_finetune_trains_only_a_and_b_and_learns_the_shifted_task(finetune):
     data, base, adapted, shift = (finetune[k] for k in ("data", "base", "adapted", "shift"))
-    _unchanged(base, finetune["before"])
+    assert_unchanged(base, finetune["before"])
     for path, layer in _loras(adapted):
         ref = dict(base.named_modules())[path]
         assert np.array_equal(layer.base_layer.weight.data, ref.weight.data)  # bitwise
@@ -504,9 +490,9 @@ def test_adapter_file_holds_only_the_adapters_and_round_trips(finetune, tmp_path
         "linearkit.lora/1", 4, 8, 0.0)
     assert meta["targets"] == ["0", "2.module.0", "3"]
     assert os.path.getsize(path) < 4 * 1800 + 2048      # no base weight in it
-    before = _snapshot(base)
+    before = snapshot(base)
     loaded, report = load_adapter(base, path)
-    _unchanged(base, before)
+    assert_unchanged(base, before)
     x = finetune["data"].x_test
     assert np.array_equal(loaded(x), adapted(x))
     assert report.trainable_params == 1800 and len(report.changed) == 3
@@ -518,7 +504,7 @@ def test_load_adapter_refuses_bad_files_naming_file_and_key(finetune, tmp_path):
     adapted, base = finetune["adapted"], finetune["base"]
     good = str(tmp_path / "good.safetensors")
     save_adapter(adapted, good)
-    before = _snapshot(base)
+    before = snapshot(base)
     truncated = str(tmp_path / "truncated.safetensors")
     with open(good, "rb") as f:
         data = f.read()
@@ -549,4 +535,4 @@ def test_load_adapter_refuses_bad_files_naming_file_and_key(finetune, tmp_path):
     with pytest.raises(lk.FormatError, match="edited.safetensors: tensor '2.module.0.lora_A."
                                              "weight' is not a LoRA factor of a listed layer"):
         load_adapter(base, edited)
-    _unchanged(base, before)
+    assert_unchanged(base, before)

@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transform_checks import assert_unchanged, snapshot
 
 import linearkit as lk
 from linearkit.transforms import fold_norm, merge_linear, merge_weights
@@ -18,19 +19,6 @@ def _set(layer, w, b=None):
     if b is not None:
         layer.bias.data[...] = b
     return layer
-
-
-def _snapshot(model):
-    return ({k: np.array(v, copy=True) for k, v in model.state_dict().items()},
-            [m.training for m in model.modules()])
-
-
-def _unchanged(model, snapshot):
-    state, modes = snapshot
-    now = model.state_dict()
-    assert list(now) == list(state)
-    assert all(np.array_equal(now[k], v) for k, v in state.items())
-    assert [m.training for m in model.modules()] == modes
 
 
 def _x(n_in, rows=16, seed=1, dtype=np.float32):
@@ -217,7 +205,7 @@ def test_nested_sequentials_merge_in_their_own_chain_and_keep_names():
                           lk.Residual(lk.Sequential(lk.Linear(8, 8, rng=rng),
                                                     lk.Linear(8, 8, rng=rng))),
                           lk.Linear(8, 3, rng=rng))
-    snapshot = _snapshot(model)
+    before = snapshot(model)
     new, report = merge_linear(model)
     assert [d["merged"] for d in report.layers] == [["3.module.0", "3.module.1"], ["1.0", "1.2"]]
     assert list(dict(new.named_children())) == ["0", "1", "2", "3", "4"]
@@ -227,16 +215,16 @@ def test_nested_sequentials_merge_in_their_own_chain_and_keep_names():
                            "are merged within it, not across it")]
     x = _x(4)
     np.testing.assert_allclose(new(x), model(x), rtol=1e-5, atol=1e-5)
-    _unchanged(model, snapshot)
+    assert_unchanged(model, before)
 
 
 def test_input_model_untouched_state_and_training_flags():
     model = lk.Sequential(lk.Linear(5, 5), lk.Dropout(0.2), lk.Linear(5, 5), lk.Dropout(0.2))
     model[1].eval()
-    snapshot = _snapshot(model)
+    before = snapshot(model)
     new, report = merge_linear(model)
     assert len(report.changed) == 1 and new is not model
-    _unchanged(model, snapshot)
+    assert_unchanged(model, before)
     assert isinstance(model[1], lk.Dropout) and len(model) == 4
 
 

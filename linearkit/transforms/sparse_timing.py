@@ -7,10 +7,8 @@ one run, so a busy machine slows both), with the 1-minute load average recorded 
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
-import time
 from functools import partial
 
 import numpy as np
@@ -18,12 +16,9 @@ import numpy as np
 from ..layers import Linear
 from ..layers.sparse import SparseLinear
 from .pruning import prune_weight
+from .timing import same_run_seconds
 
 __all__ = ["sparse_vs_dense"]
-
-#: Seconds one timed repeat of the dense layer should last (calls are batched to reach it).
-TARGET_S = 0.01
-
 
 def _file_bytes(module, folder: str, name: str) -> int:
     from ..io.safetensors import save
@@ -31,20 +26,6 @@ def _file_bytes(module, folder: str, name: str) -> int:
     path = os.path.join(folder, name)
     save(module, path)
     return os.path.getsize(path)
-
-
-def _calls_per_repeat(f) -> int:
-    f()  # warm up: the scipy import, the CSR view, BLAS threads
-    t = time.perf_counter()
-    f()
-    return max(1, math.ceil(TARGET_S / max(time.perf_counter() - t, 1e-7)))
-
-
-def _time(f, calls: int) -> float:
-    t = time.perf_counter()
-    for _ in range(calls):
-        f()
-    return (time.perf_counter() - t) / calls
 
 
 def sparse_vs_dense(n_in: int, n_out: int, batch: int, sparsities, repeats: int = 7, *,
@@ -68,14 +49,10 @@ def sparse_vs_dense(n_in: int, n_out: int, batch: int, sparsities, repeats: int 
             dense = Linear(n_in, n_out, rng=np.random.default_rng(seed))
             dense.weight.data[~prune_weight(dense.weight.data, float(sparsity))] = 0
             sparse = SparseLinear.from_linear(dense)
-            run_dense, run_sparse = partial(dense, x), partial(sparse, x)
-            calls, calls_sparse = _calls_per_repeat(run_dense), _calls_per_repeat(run_sparse)
             load_before = os.getloadavg()[0]
-            dense_t, sparse_t = [], []
-            for _ in range(repeats):  # alternate, so both see the same machine
-                dense_t.append(_time(run_dense, calls))
-                sparse_t.append(_time(run_sparse, calls_sparse))
-            dense_ms, sparse_ms = 1e3 * np.median(dense_t), 1e3 * np.median(sparse_t)
+            dense_s, sparse_s = same_run_seconds([partial(dense, x), partial(sparse, x)],
+                                                 repeats=repeats, min_seconds=0.01)
+            dense_ms, sparse_ms = 1e3 * dense_s, 1e3 * sparse_s
             dense_file = _file_bytes(dense, folder, "dense.safetensors")
             sparse_file = _file_bytes(sparse, folder, "sparse.safetensors")
             rows.append({
