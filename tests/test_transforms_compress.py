@@ -106,3 +106,15 @@ def test_compress_misuse_is_one_line_and_exit_2(args, phrase, tmp_path):
     lines = done.stderr.strip().splitlines()
     assert phrase in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert len(lines) <= 2  # the error, and a FormatError's hint line
+
+
+def test_cli_compress_reads_an_onnx_mlp(tmp_path):
+    pytest.importorskip("onnx")
+    lk.manual_seed(3)
+    model = lk.Sequential(lk.Linear(12, 16), lk.Linear(16, 16), lk.ReLU(), lk.Linear(16, 4))
+    src, out = tmp_path / "m.onnx", tmp_path / "m.safetensors"
+    lk.io.export_onnx(model.eval(), src, (1, 12))
+    assert main(["compress", str(src), "-o", str(out), "--merge"]) == 0
+    merged = lk.load_model(out)
+    assert sum(isinstance(m, lk.Linear) for m in merged.modules()) == 2
+    np.testing.assert_allclose(merged(_x()), model(_x()), rtol=1e-5, atol=1e-5)
