@@ -47,6 +47,7 @@ class Config:
     lora_rank: int = 4
     lora_steps: int = 1000
     repeats: int = 7
+    threads: int = 1  # BLAS threads for the whole run (every timing compares at this count)
     quick_run: bool = False
 
     @classmethod
@@ -344,8 +345,8 @@ def _machine() -> dict:
 
         blas = [p for p in threadpool_info() if p.get("user_api") == "blas"]
         if blas:
-            info["blas"] = f"{blas[0].get('internal_api')} {blas[0].get('version')} " \
-                           f"({blas[0].get('architecture')}, {blas[0].get('num_threads')} threads)"
+            info["blas"] = (f"{blas[0].get('internal_api')} {blas[0].get('version')} "
+                            f"({blas[0].get('architecture')} kernel)")
     except ImportError:
         pass
     return info
@@ -355,7 +356,20 @@ def run(out_dir=DEFAULT_OUT_DIR, *, quick: bool = False, seed: int = 0, config: 
         write: bool = True, log=print) -> Result:
     """Train the two base models, measure every section, write the page (unless ``write`` is
     False); returns the :class:`Result`."""
+    from ..threads import num_threads
+
     cfg = config or (Config.quick(seed) if quick else Config(seed=seed))
+    with num_threads(cfg.threads):  # fixed, so no ratio depends on the adaptive policy's choice
+        result = _measure(cfg, log)
+    if write:
+        from .surgery_page import write_page
+
+        for path in write_page(result, out_dir, cfg.quick_run):
+            log(f"wrote {path}")
+    return result
+
+
+def _measure(cfg: Config, log) -> Result:
     result = Result(cfg, _machine())
     tasks = _datasets(cfg.seed)
     for task in tasks:
@@ -386,11 +400,6 @@ def run(out_dir=DEFAULT_OUT_DIR, *, quick: bool = False, seed: int = 0, config: 
         log(f"{name}: {time.perf_counter() - start:.1f} s")
     result.sections["quarter"] = quarter_claim(result.sections["factorization"])
     result.machine["load_after"] = os.getloadavg()[0]
-    if write:
-        from .surgery_page import write_page
-
-        for path in write_page(result, out_dir, cfg.quick_run):
-            log(f"wrote {path}")
     return result
 
 

@@ -40,7 +40,9 @@ def _header(result) -> list[str]:
     if c.quick_run:
         lines += ["**Quick run** (tiny models, a smoke test): the numbers mean nothing.", ""]
     lines += [(f"Machine: {m.get('cpus')} CPUs, Python {m['python']}, NumPy {m['numpy']}, BLAS "
-               f"{m.get('blas', 'unknown')}; 1-minute load average {m['load']:.2f} at the start, "
+               f"{m.get('blas', 'unknown')}, run on {c.threads} BLAS thread(s) throughout (fixed, "
+               "so that no speed-up depends on the adaptive thread policy's choice of the "
+               f"moment); 1-minute load average {m['load']:.2f} at the start, "
                f"{m.get('load_after', float('nan')):.2f} at the end (times are medians of "
                f"{c.repeats} repeats, compared candidates timed round-robin in the same run)."), ""]
     rows = [(name, f"{t['train_rows']:,} / {t['test_rows']:,}", f"{t['params']:,}",
