@@ -7,15 +7,18 @@ that need them), so they are imported eagerly: that keeps ``analysis.gradcheck``
 
 from .gradcheck import GradcheckError, GradcheckResult, gradcheck
 from .ledger import Ledger, ledger, preset
+from .range_check import RangeReport, range_check
 from .stats import StatsReport, record_stats
 
 __all__ = [
            "GradcheckError",
            "GradcheckResult",
            "Ledger",
+           "RangeReport",
            "StatsReport",
            "gradcheck",
            "ledger",
            "preset",
+           "range_check",
            "record_stats",
 ]
