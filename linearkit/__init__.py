@@ -71,6 +71,8 @@ __all__ = [
     "Softmax",
     "SparseLinear",
     "Tanh",
+    "accumulation",
+    "amp",
     "analysis",
     "data",
     "detect_anomaly",
@@ -95,7 +97,7 @@ def __getattr__(name):
     # Heavier namespaces load on first use, so `import linearkit` stays fast and light.
     import importlib
 
-    if name in ("analysis", "data", "io", "rules", "transforms"):
+    if name in ("accumulation", "amp", "analysis", "data", "io", "rules", "transforms"):
         return importlib.import_module(f".{name}", __name__)
     if name == "load_model":
         from .io.model_file import load_model
