@@ -2,7 +2,9 @@
 
 No classes, no state: modules, transforms, gradcheck and the tests all call down into these.
 Shapes use ``*`` for any number of leading dimensions (including none).
-Every function keeps the dtype of its inputs (float32 stays float32).
+Every function keeps the dtype of its inputs (float32 stays float32). The linear GEMMs also take
+a weight stored in float16 or bfloat16: it is upcast to float32 (``precision.compute_array``) in
+blocks, and the result is float32 (NumPy has no half-precision BLAS).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import math
 
 import numpy as np
 
+from . import precision as _precision
 from . import threads as _threads
 from .errors import DimError
 
@@ -54,9 +57,12 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
 
     Shapes: x ``(*, in)``, weight ``(out, in)``, bias ``(out,)`` -> y ``(*, out)``.
     Leading dimensions are flattened into one 2-D GEMM (NumPy's batched matmul would run one
-    GEMM per leading index, ~40% slower); the bias is added in place.
+    GEMM per leading index, ~40% slower); the bias is added in place. A float16/bfloat16 weight
+    (or bias, or x) is upcast and y is float32 (``_linear_16bit``).
     """
     out_features, in_features = weight.shape
+    if weight.itemsize == 2:  # float16/bfloat16 storage
+        return _linear_16bit(x, weight, bias)
     if x.size * out_features >= _threads.switch_macs:  # BLAS threads for this GEMM (threads.py)
         _threads.before_gemm(x.size * out_features)
     if x.ndim == 2:
@@ -95,13 +101,71 @@ def linear_backward(
 
 
 def linear_input_grad(dy: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """``dx = dy @ weight``: dy ``(*, out)``, weight ``(out, in)`` -> dx ``(*, in)``."""
+    """``dx = dy @ weight``: dy ``(*, out)``, weight ``(out, in)`` -> dx ``(*, in)``.
+
+    A float16/bfloat16 weight is upcast to float32 in blocks of columns; dx is float32.
+    """
     out_features, in_features = weight.shape
+    if weight.itemsize == 2:  # float16/bfloat16 storage
+        return _input_grad_16bit(dy, weight)
     if dy.size * in_features >= _threads.switch_macs:  # BLAS threads for this GEMM (threads.py)
         _threads.before_gemm(dy.size * in_features)
     if dy.ndim == 2:
         return np.matmul(dy, weight)
     return np.matmul(_rows(dy), weight).reshape(dy.shape[:-1] + (in_features,))
+
+
+# ------------------------------------------------------------- 16-bit stored weights
+# A 16-bit weight is upcast for the GEMM block by block: blocks of output rows in the forward
+# (y[:, rows] = x @ W[rows].T), of input columns in dx (dx[:, cols] = dy @ W[:, cols]), so no
+# float32 copy of the whole weight exists at once and each block's copy is still in cache when
+# the GEMM packs it. A weight of at most _BLOCK_ELEMENTS elements is converted whole.
+# Measured (benchmarks/precision.py, Linear 1024->4096, batch 256 and 1024): blocks of 1M
+# elements (4 MiB of float32) cost the same time as one whole conversion (within the noise),
+# while smaller blocks (256K) make the GEMMs narrower and slower; so blocking buys memory here,
+# not speed, and the block is as large as that allows.
+_BLOCK_ELEMENTS = 1 << 20
+
+
+def _linear_16bit(x, weight, bias):
+    """``linear`` for a float16/bfloat16 ``weight``: float32 GEMMs on blocks of its rows."""
+    up = _precision.compute_array
+    x = up(x)
+    out_features, in_features = weight.shape
+    x2 = x.reshape(1, in_features) if x.ndim == 1 else _rows(x)
+    macs = x2.size * out_features
+    if macs >= _threads.switch_macs:
+        _threads.before_gemm(macs)
+    rows = max(1, _BLOCK_ELEMENTS // max(in_features, 1))
+    if rows >= out_features:  # whole: the very GEMM (or GEMV) a float32 weight gets
+        y = np.matmul(up(weight), x) if x.ndim == 1 else np.matmul(x2, up(weight).T)
+    else:
+        y = np.empty((x2.shape[0], out_features), _precision.compute_dtype(weight.dtype))
+        for start in range(0, out_features, rows):
+            block = slice(start, start + rows)
+            np.matmul(x2, up(weight[block]).T, out=y[:, block])
+    if bias is not None:
+        y += up(bias)
+    return y.reshape(x.shape[:-1] + (out_features,))
+
+
+def _input_grad_16bit(dy, weight):
+    """``linear_input_grad`` for a float16/bfloat16 ``weight``: GEMMs on blocks of its columns."""
+    up = _precision.compute_array
+    out_features, in_features = weight.shape
+    dy2 = up(_rows(dy) if dy.ndim != 1 else dy.reshape(1, out_features))
+    macs = dy2.size * in_features
+    if macs >= _threads.switch_macs:
+        _threads.before_gemm(macs)
+    cols = max(1, _BLOCK_ELEMENTS // max(out_features, 1))
+    if cols >= in_features:
+        dx = np.matmul(dy2, up(weight))
+    else:
+        dx = np.empty((dy2.shape[0], in_features), _precision.compute_dtype(weight.dtype))
+        for start in range(0, in_features, cols):
+            block = slice(start, start + cols)
+            np.matmul(dy2, up(weight[:, block]), out=dx[:, block])
+    return dx.reshape(dy.shape[:-1] + (in_features,))
 
 
 # Rows of a one-row dW formed per block when accumulating: the block stays in cache and no

@@ -272,15 +272,26 @@ class Module:
             p.zero_grad(set_to_none)
 
     def to(self, dtype) -> Module:
-        """Convert every floating parameter and buffer to ``dtype`` in place; returns self."""
-        dtype = np.dtype(dtype)
+        """Convert every floating parameter and buffer to ``dtype`` in place; returns self.
+
+        ``dtype``: a storage dtype — float32, float64, float16 or bfloat16 (``"bfloat16"``,
+        ``ml_dtypes.bfloat16``; see ``linearkit.precision``). As PyTorch's ``.to(dtype)``:
+        floating parameters and buffers (BatchNorm's running statistics) are converted, integer
+        buffers (``num_batches_tracked``) are not; values round to nearest even. A gradient
+        becomes the dtype a new one would have under the precision policy (float32 for 16-bit
+        parameters by default).
+        """
+        from . import precision
+
+        dtype = precision.storage_dtype(dtype)
+        grad_dtype = precision.grad_dtype(dtype)
         for module in self.modules():
             for p in module._parameters.values():
-                if p is not None and p.data.dtype.kind == "f":
+                if p is not None and precision.is_float(p.data.dtype):
                     p.data = p.data.astype(dtype)
-                    p.grad = None if p.grad is None else p.grad.astype(dtype)
+                    p.grad = None if p.grad is None else p.grad.astype(grad_dtype)
             for name, b in module._buffers.items():
-                if b is not None and b.dtype.kind == "f":
+                if b is not None and precision.is_float(b.dtype):
                     setattr(module, name, b.astype(dtype))
             if hasattr(module, "dtype"):
                 object.__setattr__(module, "dtype", dtype)

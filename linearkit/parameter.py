@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from . import precision as _precision
+
 __all__ = ["Parameter"]
 
 
@@ -13,17 +15,20 @@ class Parameter:
     """A trainable array: ``.data`` (ndarray), ``.grad`` (ndarray or None), ``.requires_grad``.
 
     ``np.asarray(p)`` returns ``p.data``. Backward adds into ``.grad`` (allocating it on first
-    use); ``zero_grad()`` resets it.
+    use); ``zero_grad()`` resets it. ``data`` is stored in float32, float64, float16 or
+    bfloat16 (``linearkit.precision``); the ``.grad`` of a 16-bit parameter is float32 unless
+    the precision policy says ``grads="storage"``.
     """
 
     __slots__ = ("__weakref__", "_zeroed", "data", "grad", "requires_grad")
 
     def __init__(self, data, requires_grad: bool = True):
         data = np.asarray(data)
-        if data.dtype.kind != "f":
+        if not _precision.is_float(data.dtype):
             raise TypeError(
-                f"Parameter data must be a floating-point array, got dtype {data.dtype}; "
-                "cast it first, e.g. np.asarray(data, dtype=np.float32)"
+                f"Parameter data must be a floating-point array (float32, float64, float16 or "
+                f"bfloat16), got dtype {data.dtype}; cast it first, e.g. "
+                "np.asarray(data, dtype=np.float32)"
             )
         self.data = data
         self.grad: np.ndarray | None = None
@@ -42,7 +47,8 @@ class Parameter:
         return self.data.size
 
     def add_grad(self, grad: np.ndarray | None = None, *,
-                 write: Callable[[np.ndarray | None, bool], np.ndarray] | None = None) -> None:
+                 write: Callable[[np.ndarray | None, bool], np.ndarray] | None = None,
+                 dtype: np.dtype | None = None) -> None:
         """Add one gradient contribution into ``.grad``: the one way a backward writes a gradient.
 
         Pass either ``grad``, an array of ``data``'s shape that the caller will not touch again
@@ -55,8 +61,22 @@ class Parameter:
         Every layer with parameters (Linear, LayerNorm, BatchNorm1d, a user's) writes through
         here, so buffer reuse and accumulation live in one place. A backward must only call it
         for a parameter whose ``requires_grad`` was True when its forward ran.
+
+        ``dtype`` (given by the layers of 16-bit parameters: ``precision.grad_dtype(p.dtype)``,
+        read when their forward ran) is the dtype a new ``.grad`` is kept in; ``write``
+        computes in the parameter's compute dtype (float32 for 16-bit storage). A contribution
+        of another dtype than ``.grad``'s is computed whole, then rounded into ``.grad``'s dtype
+        (an existing ``.grad`` keeps its dtype). None: the contribution's own dtype, as before.
         """
         current = self.grad
+        if dtype is not None and (grad is not None or write is not None):
+            if current is not None:
+                dtype = current.dtype
+            made = grad.dtype if write is None else _precision.compute_dtype(self.data.dtype)
+            if made != dtype:
+                if write is not None:
+                    grad, write = write(None, False), None
+                grad = grad.astype(dtype)
         if write is None:
             if grad is None:
                 raise TypeError("add_grad() needs a gradient array or write=")

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from .. import functional as F
+from .. import precision as P
 from ..errors import ShapeError
 from ..module import Module, Parameter
 from ..random import resolve
@@ -24,7 +25,9 @@ class Linear(Module):
         Sizes of the last input and output dimension (non-negative ints).
     bias : bool
         Learn an additive bias (default True).
-    dtype : float32 (default) or float64 (float16 storage is allowed).
+    dtype : float32 (default), float64, or float16 / bfloat16 (``"bfloat16"``) storage
+        A 16-bit layer stores its parameters in 16 bits and computes in float32: it takes
+        float32 (or storage-dtype) inputs and returns float32 (``linearkit.precision``).
     rng : numpy.random.Generator, optional
         Source of the initial values; defaults to the library's (``linearkit.manual_seed``).
 
@@ -69,6 +72,7 @@ class Linear(Module):
         """
         rng = resolve(rng)
         bound = 1.0 / math.sqrt(self.in_features) if self.in_features > 0 else 0.0
+        # drawn in float64 and rounded once into the storage dtype (to nearest even)
         self.weight.data[...] = rng.uniform(-bound, bound, self.weight.shape)
         if self.bias is not None:
             self.bias.data[...] = rng.uniform(-bound, bound, self.bias.shape)
@@ -115,6 +119,8 @@ class Linear(Module):
         """``(*, in_features) -> (*, out_features)``."""
         x = self._input(x)
         b = self.bias
+        if P.current.compute is not None:
+            P.check_compute(self, self.weight.data.dtype)
         return F.linear(x, self.weight.data, None if b is None else b.data)
 
     def vjp(self, x: np.ndarray, input_grad: bool = True):
@@ -125,6 +131,11 @@ class Linear(Module):
         """
         x = self._input(x)
         w, b = self.weight, self.bias
+        policy = P.current
+        if policy.compute is not None:
+            P.check_compute(self, w.data.dtype)
+        if w.data.itemsize == 2 or policy.activations is not None:
+            return self._vjp_policy(x, input_grad, policy)
         y = F.linear(x, w.data, None if b is None else b.data)
         # What to differentiate is fixed now, as autograd records it at forward time; the input
         # is kept only when dW needs it (a frozen layer holds no activation).
@@ -138,6 +149,37 @@ class Linear(Module):
                 w.add_grad(write=lambda out, acc: F.linear_weight_grad(dy, saved_x, out, acc))
             if need_db:
                 b.add_grad(write=lambda out, acc: F.linear_bias_grad(dy, out, acc))
+            return F.linear_input_grad(dy, w.data) if input_grad else None
+
+        return y, backward
+
+    def _vjp_policy(self, x: np.ndarray, input_grad: bool, policy: P.Policy):
+        """``vjp`` for 16-bit parameters or saved activations kept in 16 bits (the policy).
+
+        The GEMMs run in float32: a 16-bit weight is upcast in blocks (``F.linear``), and again
+        in the backward for dx — keeping the forward's float32 copy in the closure would hold 4
+        bytes per weight element from forward to backward, more than the 16-bit weight saves.
+        dW and db come out float32 and are stored as ``precision.grad_dtype`` said at forward
+        time; x is kept in ``policy.activations`` (upcast again for dW) when that is set.
+        """
+        w, b = self.weight, self.bias
+        wd = w.data
+        if wd.itemsize == 2 and x.itemsize == 2:
+            x = P.compute_array(x)  # a 16-bit input of a 16-bit layer, upcast once
+        y = F.linear(x, wd, None if b is None else b.data)
+        need_dw = w.requires_grad
+        need_db = b is not None and b.requires_grad
+        saved_x = P.saved_activation(x) if need_dw else None
+        gw = P.grad_dtype(wd.dtype)
+        gb = None if b is None else P.grad_dtype(b.data.dtype)
+
+        def backward(dy: np.ndarray):
+            if need_dw:
+                xs = P.compute_array(saved_x)
+                w.add_grad(write=lambda out, acc: F.linear_weight_grad(dy, xs, out, acc),
+                           dtype=gw)
+            if need_db:
+                b.add_grad(write=lambda out, acc: F.linear_bias_grad(dy, out, acc), dtype=gb)
             return F.linear_input_grad(dy, w.data) if input_grad else None
 
         return y, backward
@@ -156,7 +198,8 @@ class LazyLinear(Linear):
     later input of another width gets a ShapeError. Build the optimizer after the first call
     (or after loading), since there is nothing to optimize before.
 
-    Shape: x ``(*, in_features)`` -> y ``(*, out_features)``.
+    Shape: x ``(*, in_features)`` -> y ``(*, out_features)``. ``dtype`` as Linear's (16-bit
+    storage takes float32 inputs).
     """
 
     def __init__(self, out_features: int, bias: bool = True, *, dtype=np.float32,
