@@ -8,6 +8,7 @@ import numbers
 import numpy as np
 
 from .. import functional as F
+from .. import precision as P
 from ..errors import ShapeError
 from ..module import Module, Parameter
 from ._checks import as_input, feature_count, float_dtype
@@ -22,22 +23,34 @@ def _ones_zeros(module: Module) -> None:
             p.data[...] = value
 
 
+def _compute_params(module: Module) -> tuple:
+    """``(weight, bias)`` arrays in the compute dtype (float32 copies of 16-bit ones) or None."""
+    return tuple(None if p is None else P.compute_array(p.data)
+                 for p in (module.weight, module.bias))
+
+
 def _backward(grads, w: Parameter | None, b: Parameter | None, input_grad: bool):
     """The vjp closure: ``grads(dy, w_data, need_dx, need_dw, need_db) -> (dx, dw, db)``, then
     dw and db are added into ``.grad`` (``Parameter.add_grad``); returns dx (None if not wanted).
 
     Which parameters get a gradient is fixed here, when the forward runs (as autograd records
-    it): freezing a weight between ``vjp`` and ``backward`` does not change this backward.
+    it): freezing a weight between ``vjp`` and ``backward`` does not change this backward; so is
+    the dtype a 16-bit parameter's gradient is stored in (``precision.grad_dtype``). ``grads``
+    gets the weight in its compute dtype (float32 for 16-bit storage) and returns float32
+    gradients for it.
     """
     need_dw = w is not None and w.requires_grad
     need_db = b is not None and b.requires_grad
+    gw = P.grad_dtype(w.data.dtype) if need_dw and w.data.itemsize == 2 else None
+    gb = P.grad_dtype(b.data.dtype) if need_db and b.data.itemsize == 2 else None
 
     def backward(dy: np.ndarray):
-        dx, dw, db = grads(dy, None if w is None else w.data, input_grad, need_dw, need_db)
+        dx, dw, db = grads(dy, None if w is None else P.compute_array(w.data), input_grad,
+                           need_dw, need_db)
         if need_dw:
-            w.add_grad(dw)
+            w.add_grad(dw, dtype=gw)
         if need_db:
-            b.add_grad(db)
+            b.add_grad(db, dtype=gb)
         return dx
 
     return backward
@@ -82,7 +95,8 @@ class LayerNorm(Module):
         Learn a per-element ``weight`` (and ``bias``) applied after normalizing (default True).
     bias : bool
         Learn the ``bias`` too (default True; ignored when ``elementwise_affine=False``).
-    dtype : float32 (default) or float64.
+    dtype : float32 (default), float64, or float16 / bfloat16 storage (computes in float32:
+        float32 inputs and outputs; ``linearkit.precision``).
 
     Shape
     -----
@@ -139,12 +153,12 @@ class LayerNorm(Module):
                              module=self, hint=hint)
 
     def _input(self, x) -> np.ndarray:
-        x = as_input(self, x, self.dtype)
+        x = P.compute_array(as_input(self, x, self.dtype))  # 16-bit storage: float32 compute
         self.check_input_shape(x.shape)
         return x
 
     def _params(self):
-        return tuple(None if p is None else p.data for p in (self.weight, self.bias))
+        return _compute_params(self)
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """``(*, *normalized_shape) -> (*, *normalized_shape)``."""
@@ -155,8 +169,9 @@ class LayerNorm(Module):
         x = self._input(x)
         y, xhat, rstd = F.layer_norm_forward(x, self.normalized_shape, *self._params(), self.eps)
         shape = self.normalized_shape
-        return y, _backward(lambda dy, w, *need: F.layer_norm_backward(dy, xhat, rstd, shape, w,
-                                                                       *need),
+        xhat = P.saved_activation(xhat)  # kept in 16 bits under policy(activations=...)
+        return y, _backward(lambda dy, w, *need: F.layer_norm_backward(
+                                dy, P.compute_array(xhat), rstd, shape, w, *need),
                             self.weight, self.bias, input_grad)
 
     def extra_repr(self) -> str:
@@ -183,7 +198,8 @@ class BatchNorm1d(Module):
         statistics are used in both modes and the buffers are None.
     bias : bool, keyword-only
         Learn the ``bias`` too (default True; ignored when ``affine=False``), as PyTorch 2.13.
-    dtype : float32 (default) or float64.
+    dtype : float32 (default), float64, or float16 / bfloat16 storage (computes in float32;
+        the running statistics are stored in it too, as PyTorch's ``.to`` leaves them).
 
     Shape
     -----
@@ -239,7 +255,7 @@ class BatchNorm1d(Module):
 
     def _prepare(self, x):
         """Check x, bump num_batches_tracked in training; -> (x, F.batch_norm's arguments)."""
-        x = as_input(self, x, self.dtype)
+        x = P.compute_array(as_input(self, x, self.dtype))  # 16-bit storage: float32 compute
         batch_stats = check_batch_norm_input(self, x.shape)
         running = self.running_mean, self.running_var
         factor = 0.0
@@ -247,13 +263,23 @@ class BatchNorm1d(Module):
             self.num_batches_tracked += 1
             factor = (1.0 / int(self.num_batches_tracked) if self.momentum is None
                       else self.momentum)
-        params = (None if p is None else p.data for p in (self.weight, self.bias))
-        return x, (*running, *params, batch_stats, factor, self.eps)
+        # 16-bit running statistics (after model.to(...)): F works on float32 copies, and
+        # _write_back rounds the updated values into the buffers
+        running = tuple(None if r is None else P.compute_array(r) for r in running)
+        return x, (*running, *_compute_params(self), batch_stats, factor, self.eps)
+
+    def _write_back(self, args) -> None:
+        """Round the float32 copies of 16-bit running statistics (``args[:2]``) into them."""
+        for stored, value in zip((self.running_mean, self.running_var), args[:2]):
+            if value is not None and value is not stored:
+                stored[...] = value
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """``(N, C[, L]) -> (N, C[, L])``; in training also updates the running statistics."""
         x, args = self._prepare(x)
-        return F.batch_norm(x, *args)
+        y = F.batch_norm(x, *args)
+        self._write_back(args)
+        return y
 
     def vjp(self, x: np.ndarray, input_grad: bool = True):
         """Forward plus ``backward(dy) -> dx``; adds dweight and dbias into ``.grad``.
@@ -263,9 +289,11 @@ class BatchNorm1d(Module):
         """
         x, args = self._prepare(x)
         y, xhat, rstd = F.batch_norm_forward(x, *args)
+        self._write_back(args)
         batch_stats = args[4]
-        return y, _backward(lambda dy, w, *need: F.batch_norm_backward(dy, xhat, rstd, w,
-                                                                       batch_stats, *need),
+        xhat = P.saved_activation(xhat)  # kept in 16 bits under policy(activations=...)
+        return y, _backward(lambda dy, w, *need: F.batch_norm_backward(
+                                dy, P.compute_array(xhat), rstd, w, batch_stats, *need),
                             self.weight, self.bias, input_grad)
 
     def extra_repr(self) -> str:
