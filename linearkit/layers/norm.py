@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 
@@ -13,7 +14,22 @@ from ..errors import ShapeError
 from ..module import Module, Parameter
 from ._checks import as_input, feature_count, float_dtype
 
-__all__ = ["BatchNorm1d", "LayerNorm", "check_batch_norm_input"]
+__all__ = ["BatchNorm1d", "LayerNorm", "check_batch_norm_input", "running_stats_frozen"]
+
+_frozen = 0  # > 0: BatchNorm1d updates no running statistics (see running_stats_frozen)
+
+
+@contextlib.contextmanager
+def running_stats_frozen():
+    """Inside, BatchNorm1d in training still normalizes with the batch's statistics but neither
+    updates its running statistics nor counts ``num_batches_tracked``: a checkpoint's recompute
+    (``linearkit.checkpointing``) runs a batch the forward already counted."""
+    global _frozen
+    _frozen += 1
+    try:
+        yield
+    finally:
+        _frozen -= 1
 
 
 def _ones_zeros(module: Module) -> None:
@@ -259,7 +275,9 @@ class BatchNorm1d(Module):
         batch_stats = check_batch_norm_input(self, x.shape)
         running = self.running_mean, self.running_var
         factor = 0.0
-        if self.training and self.track_running_stats:
+        if self.training and self.track_running_stats and _frozen:
+            running = None, None  # batch statistics, nothing updated: running_stats_frozen()
+        elif self.training and self.track_running_stats:
             self.num_batches_tracked += 1
             factor = (1.0 / int(self.num_batches_tracked) if self.momentum is None
                       else self.momentum)

@@ -30,7 +30,9 @@ class LayerRule:
         The ledger row's kind: 'linear', 'activation', 'dropout', 'flatten', 'identity',
         'layernorm', 'batchnorm', 'sequential', 'residual', or your own (default 'layer').
         The findings look for 'linear', 'batchnorm' and the pass-through kinds 'identity',
-        'dropout' and 'flatten'; 'sequential' children form a chain the findings scan.
+        'dropout' and 'flatten'; 'sequential' children form a chain the findings scan; a
+        'checkpoint' container's children are recomputed in its backward, so the ledger counts
+        their saved arrays as a recompute peak, not as held (``rules/checkpoint_rules.py``).
     describe : ``describe(m) -> str``, optional
         The compact type text: 'Linear(784, 256)'. Default: the class name.
     output_shape : ``output_shape(m, in_shape) -> out_shape``, optional

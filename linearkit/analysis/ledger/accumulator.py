@@ -20,7 +20,7 @@ class Acc:
         self.itemsize = itemsize
         self.rows: list[Row] = []
         self.param_owner: dict[int, str] = {}
-        self.kept: set = set()
+        self.kept: dict = {}  # key of each array counted as saved -> its bytes (in order)
         self.cost = {"macs": 0, "gemm": 0, "bias": 0, "elem": 0, "bwd_macs": 0, "bwd": 0}
         self.unaccounted: list[str] = []  # paths of rows whose FLOPs no rule gives
         self.unsaved: list[str] = []  # paths of rows whose saved arrays no rule gives
@@ -29,6 +29,7 @@ class Acc:
         self.linear_weights: dict[int, np.ndarray] = {}  # row index -> weight (for findings)
         self.notes: list[str] = []
         self.saved_total = 0
+        self.recompute_peak = 0  # the largest checkpointed segment's recompute (end_recompute)
 
     def row(self, path, type_, depth, kind="module", **kw) -> int:
         self.rows.append(Row(path=path, type=type_, depth=depth, kind=kind, **kw))
@@ -65,7 +66,7 @@ class Acc:
         if row.saved_bytes is None:
             row.saved_bytes = 0
         if key not in self.kept:
-            self.kept.add(key)
+            self.kept[key] = nbytes
             row.saved_bytes += nbytes
             self.saved_total += nbytes
 
@@ -80,3 +81,45 @@ class Acc:
                 v = getattr(child, k)
                 if v is not None:
                     setattr(row, k, (getattr(row, k) or 0) + v)
+
+    def begin_recompute(self):
+        """Enter a checkpointed segment (a row of kind 'checkpoint'): a mark for end_recompute."""
+        mark = (len(self.kept), self.recompute_peak)
+        self.recompute_peak = 0
+        return mark
+
+    def end_recompute(self, index: int, mark, input_key) -> None:
+        """Leave the checkpointed segment of row ``index`` (its children rolled up).
+
+        What its children kept is not held from the forward to the backward: the segment's
+        backward recomputes it, one segment at a time. So it leaves the held total and the kept
+        keys (the row's own rule then counts the input the checkpoint holds), and the segment's
+        arrays but its input — plus the largest segment nested in it — are a recompute peak; the
+        largest over the model is added to the activations once (``finish_recompute``). The
+        recompute is a second forward: the children's forward cost is added to the row's
+        backward. A segment with no backward work (frozen, no input gradient) recomputes nothing.
+        """
+        start, outer_peak = mark
+        added = list(self.kept.items())[start:]
+        for key, _ in added:
+            del self.kept[key]
+        segment = sum(nbytes for _, nbytes in added)
+        self.saved_total -= segment
+        row = self.rows[index]
+        if row.saved_bytes is not None:
+            row.saved_bytes = 0
+        peak = 0
+        if row.backward_flops:
+            peak = segment - dict(added).get(input_key, 0) + self.recompute_peak
+            self.add_cost(index, (0, 0, 0, 0, row.macs or 0, row.flops or 0))
+        self.recompute_peak = max(outer_peak, peak)
+
+    def finish_recompute(self) -> None:
+        """Add the largest recompute peak to the activations (once the pass is done)."""
+        if self.recompute_peak:
+            self.saved_total += self.recompute_peak
+            self.notes.append(
+                f"activation checkpointing: the activations count what is held from the forward "
+                f"to the backward (each checkpointed segment's input) plus "
+                f"{self.recompute_peak:,} bytes, the largest segment's recomputed activations, "
+                f"alive while its backward runs.")

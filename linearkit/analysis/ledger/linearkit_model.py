@@ -29,6 +29,7 @@ def linearkit_pass(model: Module, shape, override):
     acc = Acc(store.itemsize)
     _LinearkitPass(model, acc, store.itemsize).visit(
         model, "", None if shape is None else _T(shape, key=("input",)), False, 0)
+    acc.finish_recompute()
     buffers = sum(b.size * (store.itemsize if b.dtype.kind == "f" else b.itemsize)
                   for b in model.buffers())
     return acc, store.name, store.itemsize, buffers
@@ -106,10 +107,13 @@ class _LinearkitPass:
             return self.visit(child, f"{path}.{name}" if path else name, cx, bool(cneed),
                               depth + 1)
 
+        recompute = acc.begin_recompute() if rule.kind == "checkpoint" else None
         out = rule.compose(m, x, need, visit)
         if rule.kind == "sequential":
             acc.chains.append((i, children))  # adjacent children, for the findings
         acc.roll_up(i, children)
+        if recompute is not None:  # the children's saved arrays are recomputed in backward
+            acc.end_recompute(i, recompute, None if x is None else x.key)
         if x is None:
             fill_row(acc, i, rule, m, None, need)
             return None
