@@ -7,6 +7,7 @@ optimizers that match PyTorch. See README.md.
 
 from . import functional, hooks, init, loop, optim
 from .anomaly import detect_anomaly
+from .checkpointing import Checkpoint, checkpoint, checkpoint_sequential
 from .errors import AnomalyError, BackwardError, DTypeError, FormatError, ShapeError
 from .layers import (
     GELU,
@@ -44,6 +45,7 @@ __all__ = [
     "BCEWithLogitsLoss",
     "BackwardError",
     "BatchNorm1d",
+    "Checkpoint",
     "CrossEntropyLoss",
     "DTypeError",
     "Dropout",
@@ -74,6 +76,8 @@ __all__ = [
     "accumulation",
     "amp",
     "analysis",
+    "checkpoint",
+    "checkpoint_sequential",
     "data",
     "detect_anomaly",
     "functional",
