@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import precision
 from .flat import FlatState, flat_state
 from .optimizer import Optimizer, StateKeys
 
@@ -125,6 +126,8 @@ class Adam(Optimizer):
     this update on arrays). State per parameter: ``step``, ``exp_avg``, ``exp_avg_sq`` (and
     ``max_exp_avg_sq``), each array shaped like the parameter. A group whose parameters all
     step together is updated in one pass over flat arrays (``flat.py``), with the same bits.
+    A 16-bit parameter is stepped through its float32 ``'master_param'`` with float32 states,
+    and ``p.data`` receives the result rounded (``Optimizer``); a group may mix dtypes.
     """
 
     _decoupled = False
@@ -185,9 +188,15 @@ class Adam(Optimizer):
             state = self.state.get(p)
             if state is None:
                 state = self.state[p] = {"step": 0}
-                for key in keys:
-                    state[key] = np.zeros_like(p.data)
+                for key in keys:  # float32 for a 16-bit parameter
+                    state[key] = np.zeros(p.data.shape, precision.compute_dtype(p.data.dtype))
             state["step"] += 1
+            if p.data.itemsize == 2:  # 16-bit: step the float32 master, round into p.data
+                master = self._master(p, state)
+                grad = grad if grad.dtype == master.dtype else grad.astype(master.dtype)
+                adam_step(master, grad, *(state[k] for k in keys), step=state["step"], **hyper)
+                self._write_back(p, master)
+                continue
             adam_step(p.data, grad, *(state[k] for k in keys), step=state["step"], **hyper)
 
     def _update_flat(self, flat: FlatState, params: list, keys: tuple, hyper: dict) -> None:
@@ -199,17 +208,24 @@ class Adam(Optimizer):
         for p in params:
             self.state[p]["step"] = t
         g = flat.adopt_grads(params)
+        # what each step is applied to: p.data, or a 16-bit parameter's float32 master
+        targets = [self._master(p, self.state[p]) if p.data.itemsize == 2 else p.data
+                   for p in params] if flat.mixed else [p.data for p in params]
         data = None
         lr, weight_decay = hyper["lr"], hyper["weight_decay"]
         if weight_decay != 0:
             if self._decoupled:
-                for p in params:
-                    p.data *= 1.0 - lr * weight_decay
+                for target in targets:
+                    target *= 1.0 - lr * weight_decay
             else:
-                data = flat.gather([p.data for p in params], into="data")
+                data = flat.gather(targets, into="data")
         update = adam_direction(g, data, *(flat.arrays[k] for k in keys), step=t, **hyper)
-        for p, u in zip(params, flat.split(update)):
-            p.data += u
+        for target, u in zip(targets, flat.split(update)):
+            target += u
+        if flat.mixed:
+            for p, target in zip(params, targets):
+                if target is not p.data:
+                    self._write_back(p, target)
 
 
 class AdamW(Adam):

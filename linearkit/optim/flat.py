@@ -1,6 +1,6 @@
 """The flat fast path: a parameter group's state in one contiguous array per key.
 
-When every parameter of a group (two or more, one dtype) steps together, an optimizer can run
+When every parameter of a group (two or more, one compute dtype) steps together, an optimizer can run
 its elementwise update once over the whole group instead of once per parameter: a handful of
 ufunc calls instead of a handful per parameter. ``FlatState`` packs the state (``state[p][key]``
 become views into it, so per-parameter access and ``state_dict()`` see the same values) and
@@ -8,6 +8,11 @@ adopts the gradients (after the first step each ``p.grad`` is a view of one flat
 next backward writes straight into it and ``zero_grad(set_to_none=False)`` is one ``fill``).
 The math stays the optimizer's: elementwise operations in the same order on the packed arrays
 give the same bits as on each parameter alone (tests/test_optim_flat.py checks it).
+
+Mixed precision: float16/bfloat16 parameters compute in float32, so they share a float32 group
+with float32 parameters (their states and gradients are float32; the optimizer steps their
+float32 masters and rounds into ``p.data``). A 16-bit parameter whose gradient is kept in its
+storage dtype (``precision.policy(grads="storage")``) makes the group step per parameter.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ class FlatState:
     keys : tuple of str
         The state keys to pack (e.g. ``('exp_avg', 'exp_avg_sq')``).
     dtype : numpy dtype
-        The parameters' (common) dtype.
+        The parameters' (common) compute dtype: float32 for 16-bit parameters.
 
     Attributes
     ----------
@@ -40,10 +45,13 @@ class FlatState:
         The packed state; ``state[p][key]`` is ``arrays[key][slices[i]].reshape(p.shape)``.
     buffers : dict
         ``'grad'`` (N,): the adopted gradients; ``'data'`` (N,): scratch for gathering ``p.data``.
+    mixed : bool
+        Whether some parameter is stored in 16 bits (its step goes through its master copy).
     """
 
     def __init__(self, params: list, state: dict, keys: tuple, dtype: np.dtype):
         self.params = list(params)
+        self.mixed = any(p.data.itemsize == 2 for p in self.params)
         self.shapes = [p.data.shape for p in params]
         bounds = np.cumsum([0] + [p.data.size for p in params]).tolist()
         self.slices = [slice(a, b) for a, b in pairwise(bounds)]
@@ -98,8 +106,8 @@ class FlatState:
 def flat_state(opt, group: dict, live: list, keys: tuple) -> FlatState | None:
     """``group``'s state as a FlatState (cached on ``opt``), when every parameter steps together.
 
-    Eligible when all of the group's parameters (two or more, one dtype) have a gradient this
-    step (``live``: ``(p, grad)`` pairs) and share one step count; otherwise None and the
+    Eligible when all of the group's parameters (two or more, one compute dtype, each gradient
+    in it) have a gradient this step (``live``: ``(p, grad)`` pairs) and share one step count; otherwise None and the
     optimizer steps each parameter on its own. A cached FlatState is reused while it still owns
     the state; anything that replaced the state (``load_state_dict``, new ``keys`` after a
     hyperparameter changed) is noticed and the arrays are packed anew. A parameter whose state
@@ -110,8 +118,11 @@ def flat_state(opt, group: dict, live: list, keys: tuple) -> FlatState | None:
     if len(live) != len(params) or len(params) < 2:
         return None
     dtype = params[0].data.dtype
-    if any(p.data.dtype != dtype or g.dtype != dtype for p, g in live):
-        return None
+    if dtype.itemsize == 2:
+        dtype = np.dtype(np.float32)  # 16-bit storage computes (and keeps its states) in float32
+    for p, g in live:
+        if g.dtype != dtype or (p.data.dtype != dtype and p.data.itemsize != 2):
+            return None
     state = opt.state
     steps = {state[p].get("step") if p in state else 0 for p in params}
     if len(steps) != 1:

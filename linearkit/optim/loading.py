@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from .. import precision
+
 _SHOWN = 10  # problems listed in one message; the rest are counted
 
 
@@ -30,7 +32,8 @@ def check(opt, state_dict) -> tuple[dict, list[dict]]:
     """Validate ``state_dict`` for ``opt``; return the new state and each group's new values.
 
     Returns ``(state, values)``: ``state`` maps each Parameter to its loaded entries (arrays
-    copied and cast to the parameter's dtype, steps as ints); ``values[i]`` holds deep copies
+    copied and cast to the parameter's compute dtype — its own, float32 for a 16-bit one —
+    steps as ints); ``values[i]`` holds deep copies
     of loaded group ``i``'s hyperparameters. Raises ValueError (TypeError for a non-dict) and
     changes nothing.
     """
@@ -149,6 +152,8 @@ def _entry(opt, index: int, g: int, p, entry: Mapping, group: dict, problems: li
     spec = opt._state_keys(group)
     if spec is None:                                    # an optimizer that does not say
         spec = {k: ("step" if k == "step" else "any", False) for k in entry}
+    if precision.is_16bit(p.data.dtype):                # its float32 master copy, if saved
+        spec = {**spec, "master_param": ("array", False)}
     missing = [k for k, (_, required) in spec.items() if required and k not in entry]
     unexpected = [k for k in entry if k not in spec]
     if missing or unexpected:
@@ -201,14 +206,15 @@ def _value(kind: str, value, p, name: str, index: int, g: int, problems: list):
             problems.append(f"{what} is None; expected an array of shape {p.data.shape}")
         return None
     array = _as_array(value)
-    if array.dtype.kind not in "iuf":
+    if array.dtype.kind not in "iuf" and not precision.is_float(array.dtype):  # bfloat16 too
         problems.append(f"{what} is {_show(value)}, not an array of real numbers")
         return None
     if array.shape != p.data.shape:
         problems.append(f"state '{name}' of parameter {index} has shape {array.shape}, but "
                         f"parameter {index} (group {g}) has shape {p.data.shape}")
         return None
-    return np.array(array, dtype=p.data.dtype)                  # a copy, in p's dtype
+    return np.array(array, dtype=precision.compute_dtype(p.data.dtype))  # a copy: float32
+    # for a 16-bit parameter (its master copy and states), p's own dtype otherwise
 
 
 def _as_array(value) -> np.ndarray:

@@ -3,6 +3,14 @@
 A subclass says how to step a group (``_update``), which hyperparameters are valid
 (``_validate``) and what a parameter's state holds (``_state_keys``); loading a state dict is
 checked against the last of these before anything is assigned (see ``loading.py``).
+
+Mixed precision: a float16/bfloat16 parameter is stepped through a float32 master copy,
+``state[p]['master_param']`` (made from ``p.data`` on its first step), with float32 states; the
+update is applied to the master and ``p.data`` receives it rounded to nearest even. A gradient
+in the storage dtype is upcast for the step. The master is the truth between steps: if
+``p.data`` is replaced by another array (``model.to(...)``, ``p.data = ...``) the master is made
+again from it; a change written *into* ``p.data`` in place is not seen (load the optimizer's
+state with the model's, or call ``sync_masters()``).
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .. import precision
 from ..module import Parameter
 from . import loading
 
@@ -23,6 +32,9 @@ if TYPE_CHECKING:
 #: parameter), "array-or-none" (the same, or None for "not started yet"); "any" (a number,
 #: None, or such an array) is what an optimizer without ``_state_keys`` gets
 StateKeys = dict  # {name: (kind, required)}
+
+#: the state key of a 16-bit parameter's float32 master copy
+MASTER = "master_param"
 
 
 class Optimizer:
@@ -62,6 +74,8 @@ class Optimizer:
         self.state: dict[Parameter, dict] = {}
         self.param_groups: list[dict] = []
         self._flat: dict[int, FlatState] = {}
+        # the p.data array each 16-bit parameter's master was made from or written into
+        self._synced: dict[Parameter, np.ndarray] = {}
         if isinstance(params, Parameter):
             raise TypeError("params must be an iterable of Parameters (e.g. model.parameters() "
                             "or [p]), got a single Parameter")
@@ -171,6 +185,27 @@ class Optimizer:
                                  f"parameter's shape {p.data.shape}")
             yield p, grad
 
+    def _master(self, p: Parameter, state: dict) -> np.ndarray:
+        """The float32 master copy of a 16-bit parameter (``state['master_param']``), made from
+        ``p.data`` when there is none or ``p.data`` is no longer the array it was synced with."""
+        master = state.get(MASTER)
+        if master is None or self._synced.get(p) is not p.data:
+            master = state[MASTER] = p.data.astype(precision.compute_dtype(p.data.dtype))
+            self._synced[p] = p.data
+        return master
+
+    @staticmethod
+    def _write_back(p: Parameter, master: np.ndarray) -> None:
+        """``p.data`` <- ``master`` rounded to nearest even (into the same array)."""
+        p.data[...] = master
+
+    def sync_masters(self) -> None:
+        """Make every 16-bit parameter's master copy again from ``p.data`` (after writing into
+        ``p.data`` in place outside the optimizer, e.g. ``model.load_state_dict``)."""
+        for state in self.state.values():
+            state.pop(MASTER, None)
+        self._synced.clear()
+
     def _incomplete_state(self, p: Parameter, missing: list[str]) -> ValueError:
         """The error for a ``state[p]`` that lacks keys its group now needs."""
         index = self._indexed()[id(p)]
@@ -211,13 +246,16 @@ class Optimizer:
         (no more, no fewer: another optimizer's state is refused), with arrays of the
         parameter's shape. A problem raises ValueError naming the parameter's index in the
         state dict, its group, the key and what was expected, and leaves the optimizer as it
-        was. Arrays are copied and cast to each parameter's dtype; an empty entry means no
+        was. Arrays are copied and cast to each parameter's dtype (float32 for a 16-bit
+        parameter, whose state may also hold its ``'master_param'``); an empty entry means no
         state yet.
         """
         state, hyperparameters = loading.check(self, state_dict)
         for group, values in zip(self.param_groups, hyperparameters):
             group.update(values)
         self.state = state
+        # a loaded master copy is the truth for its parameter; one without gets a new one
+        self._synced = {p: p.data for p, entry in state.items() if MASTER in entry}
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__} ("]

@@ -24,7 +24,8 @@ class SGD(Optimizer):
         g = g + momentum * buf  (nesterov)  |  g = buf          (if momentum)
         p = p - lr * g
 
-    Only ``momentum != 0`` keeps state (``'momentum_buffer'``, shaped like the parameter).
+    Only ``momentum != 0`` keeps state (``'momentum_buffer'``, shaped like the parameter),
+    and a 16-bit parameter its float32 ``'master_param'`` (the buffer is float32 too).
     """
 
     _state_names = frozenset({"momentum_buffer"})
@@ -56,16 +57,24 @@ class SGD(Optimizer):
         dampening, weight_decay = float(group["dampening"]), float(group["weight_decay"])
         nesterov, maximize = group["nesterov"], group["maximize"]
         for p, grad in self._trainable(group):
+            low = p.data.itemsize == 2  # 16-bit: step the float32 master, round into p.data
+            if low:
+                data = self._master(p, self.state.setdefault(p, {}))
+                grad = grad if grad.dtype == data.dtype else grad.astype(data.dtype)
+            else:
+                data = p.data
             g = -grad if maximize else grad
             if weight_decay != 0:
-                g = g + weight_decay * p.data
+                g = g + weight_decay * data
             if momentum != 0:
                 state = self.state.setdefault(p, {})
                 buf = state.get("momentum_buffer")
                 if buf is None:
-                    buf = state["momentum_buffer"] = np.array(g, dtype=p.data.dtype)
+                    buf = state["momentum_buffer"] = np.array(g, dtype=data.dtype)
                 else:
                     buf *= momentum
                     buf += (1.0 - dampening) * g
                 g = g + momentum * buf if nesterov else buf
-            p.data -= lr * g
+            data -= lr * g
+            if low:
+                self._write_back(p, data)
