@@ -105,7 +105,7 @@ def _train(args: argparse.Namespace) -> int:
         model, result = train(args.model, hidden=args.hidden, steps=args.steps, lr=args.lr,
                               batch_size=args.batch_size, seed=args.seed,
                               eval_every=args.eval_every, progress=progress, dataset=data,
-                              threads=args.threads)
+                              threads=args.threads, precision=args.precision)
     finally:
         if bar is not None:
             bar.leave = not sys.exc_info()[0]  # interrupted: clear the bar, keep one line
@@ -121,6 +121,13 @@ def _train(args: argparse.Namespace) -> int:
     print(f"parameters: {result.params:,}")
     print(f"trained {result.steps:,} steps in {result.seconds:.2f} s "
           f"({result.steps / max(result.seconds, 1e-9):,.0f} steps/s); final loss {result.final_loss:.4f}")
+    if result.precision != "fp32":
+        from .train import PRECISIONS
+
+        scaler = (f"; the loss scaler skipped {result.skipped_steps} step(s)"
+                  if result.precision == "fp16" else "")
+        print(f"precision: {result.precision} (weights stored as {PRECISIONS[result.precision]}, "
+              f"float32 compute and master weights{scaler})")
     print(f"train accuracy: {result.train_accuracy:.1%}")
     print(f"test accuracy:  {result.test_accuracy:.1%}")
     print("paper (Greydanus 2020, MNIST-1D): logistic regression "
@@ -290,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seeds the weights and the batch order")
     train.add_argument("--eval-every", type=int_at_least(0), default=500,
                        help="evaluate every N steps (0: only at the end)")
+    train.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                       help="parameter storage: float32, or bfloat16/float16 with float32 "
+                            "compute and master weights (fp16 also scales the loss)")
     train.add_argument("--threads", type=threads, default="auto",
                        help="BLAS threads: a number >= 1 (linearkit.set_num_threads), or auto "
                             "(also 'default') for linearkit's policy: 1 thread for small GEMMs "

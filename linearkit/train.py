@@ -33,6 +33,8 @@ class TrainResult:
     params: int
     final_loss: float
     history: list
+    precision: str = "fp32"
+    skipped_steps: int = 0  # fp16: steps the loss scaler skipped (a non-finite gradient)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -145,8 +147,8 @@ def thread_setting(threads):
 def train(model_kind: str | None = None, *, hidden: int | None = None, steps: int = 6000,
           lr: float | None = None, batch_size: int = 100, seed: int = 42, eval_every: int = 500,
           dataset=None, progress=None, threads: int | str | None = "auto",
-          model: Module | None = None, optimizer=None, loss_fn: Module | None = None
-          ) -> tuple[Module, TrainResult]:
+          model: Module | None = None, optimizer=None, loss_fn: Module | None = None,
+          precision: str = "fp32") -> tuple[Module, TrainResult]:
     """Train a classifier (by default the MNIST-1D recipe) and return ``(model, TrainResult)``.
 
     Parameters
@@ -183,6 +185,13 @@ def train(model_kind: str | None = None, *, hidden: int | None = None, steps: in
         ``Adam(model.parameters(), lr)``. Needs ``model=`` too.
     loss_fn : Module, optional
         Default ``CrossEntropyLoss()``.
+    precision : 'fp32' | 'bf16' | 'fp16'
+        How the parameters are stored (:mod:`linearkit.precision`): the recipe's model is built
+        in float32 and rounded to bfloat16/float16; the GEMMs compute in float32 and the
+        optimizer steps a float32 master copy. ``'fp16'`` also scales the loss
+        (:class:`linearkit.amp.GradScaler`: a step with a non-finite gradient is skipped and
+        counted in ``skipped_steps``). With ``model=``, the model must already be stored so
+        (``model.to("bfloat16")``).
 
     Every argument is checked before the first step (ValueError/TypeError naming the fix).
     Each step is :func:`linearkit.loop.step`; accuracies come from
@@ -191,6 +200,7 @@ def train(model_kind: str | None = None, *, hidden: int | None = None, steps: in
     from .data import DataLoader
     from .optim import Adam
 
+    storage = _check_precision(precision)
     steps = _check_int("steps", steps, 1)
     eval_every = _check_int("eval_every", eval_every, 0)
     data = as_dataset(dataset)
@@ -203,6 +213,8 @@ def train(model_kind: str | None = None, *, hidden: int | None = None, steps: in
         rng = np.random.default_rng(seed)
         model = build_model(model_kind, 100 if hidden is None else hidden,
                             in_features=data.x_train.shape[1], rng=rng)
+        if storage != np.float32:
+            model.to(storage)
     else:
         if not isinstance(model, Module):
             raise TypeError(f"train: model must be a linearkit Module, got "
@@ -211,6 +223,12 @@ def train(model_kind: str | None = None, *, hidden: int | None = None, steps: in
             raise ValueError("train: hidden= builds the recipe's MLP; it cannot apply to your "
                              "model= (drop hidden=)")
         model_kind = "custom" if model_kind is None else model_kind
+        stored = {p.dtype for p in model.parameters()}
+        if stored and stored != {storage}:
+            raise ValueError(f"train: precision={precision!r} trains parameters stored as "
+                             f"{storage.name}, but the model's are "
+                             f"{', '.join(sorted(d.name for d in stored))}; convert it first: "
+                             f"model.to({storage.name!r})")
     if optimizer is None:
         lr = 1e-2 if lr is None else check_lr(lr)
         optimizer = Adam(model.parameters(), lr=lr)
@@ -224,8 +242,23 @@ def train(model_kind: str | None = None, *, hidden: int | None = None, steps: in
     loader = DataLoader(data.x_train, data.y_train, batch_size=batch_size, shuffle=True,
                         drop_last=True, seed=seed)
     with threads:
-        return model, _loop(model, data, loss_fn, optimizer, loader, model_kind, steps,
-                            eval_every, progress)
+        result = _loop(model, data, loss_fn, optimizer, loader, model_kind, steps, eval_every,
+                       progress, precision == "fp16")
+    result.precision = precision
+    return model, result
+
+
+#: ``precision=`` -> the storage dtype's name
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _check_precision(precision) -> np.dtype:
+    from .precision import storage_dtype
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"train: precision must be one of {', '.join(PRECISIONS)}, got "
+                         f"{precision!r}")
+    return storage_dtype(PRECISIONS[precision])
 
 
 def _check_optimizer(optimizer, model: Module) -> None:
@@ -241,16 +274,28 @@ def _check_optimizer(optimizer, model: Module) -> None:
                          "build it from this model: Adam(model.parameters(), lr=...)")
 
 
-def _loop(model, data, loss_fn, optimizer, loader, model_kind, steps, eval_every, progress
-          ) -> TrainResult:
+def _loop(model, data, loss_fn, optimizer, loader, model_kind, steps, eval_every, progress,
+          scale_loss: bool = False) -> TrainResult:
     history = []
     loss = np.nan
-    step = 0
+    step = skipped = 0
+    scaler = None
+    if scale_loss:
+        from .accumulation import accumulated_step
+        from .amp import GradScaler
+
+        scaler = GradScaler()
     started = time.perf_counter()
     model.train()
     while step < steps:
         for xb, yb in loader:  # never empty: batch_size <= rows (checked) and the loader raises
-            loss = loop_step(model, loss_fn, optimizer, xb, yb, set_to_none=False)  # reuse grads
+            if scaler is None:
+                loss = loop_step(model, loss_fn, optimizer, xb, yb, set_to_none=False)
+            else:  # scaled loss, unscale, skip the step on inf/NaN, update the scale
+                before = scaler.get_scale()
+                loss = accumulated_step(model, loss_fn, optimizer, xb, yb, scaler=scaler,
+                                        set_to_none=False)
+                skipped += scaler.get_scale() < before
             step += 1
             test_acc = None
             if eval_every and (step % eval_every == 0 or step == steps):
@@ -271,4 +316,5 @@ def _loop(model, data, loss_fn, optimizer, loader, model_kind, steps, eval_every
         params=sum(p.size for p in model.parameters()),
         final_loss=float(loss),
         history=history,
+        skipped_steps=int(skipped),
     )
