@@ -10,6 +10,7 @@ import math
 # Groups in run order, and the frameworks each one is written for.
 GROUPS: dict[str, tuple[str, ...]] = {
     "large": ("numpy", "linearkit", "torch", "jax"),
+    "precision": ("linearkit",),
     "small": ("numpy", "linearkit", "torch", "jax"),
     "batch1": ("numpy", "linearkit", "torch"),
     "mlp": ("numpy", "linearkit", "torch", "jax"),
@@ -21,6 +22,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 GROUP_HELP = {
     "large": "Linear forward and forward+backward at batch 256/1024 and (64, 128, 1024) -> 4096",
+    "precision": "Linear 1024 -> 4096 at batch 256/1024 stored in bfloat16 / float16 (float32 "
+                 "compute) vs float32, interleaved in one process; blocked vs whole upcast",
     "small": "Linear(16, 16) on one sample: forward, forward+backward (us per call)",
     "batch1": "backward of a batch-1 Linear (the K=1 dW product) vs PyTorch",
     "mlp": "784-256-256-10 ReLU MLP: Adam training at batch 32/128/512, inference at 1/256",
@@ -32,10 +35,13 @@ GROUP_HELP = {
     "profile": "cProfile of a linearkit training step + per-call overheads of the protocol",
 }
 # Groups whose numbers depend on the BLAS kernel: rerun under --forced-kernel.
-BLAS_GROUPS = ("large", "small", "batch1", "mlp", "recipe")
+BLAS_GROUPS = ("large", "precision", "small", "batch1", "mlp", "recipe")
 BLAS_FRAMEWORKS = ("numpy", "linearkit")
 
 LARGE = [((256, 1024), 4096), ((1024, 1024), 4096), ((64, 128, 1024), 4096)]
+PRECISION = LARGE[:2]  # the shapes of issue 10's acceptance (16-bit storage vs float32)
+# its targets: a 16-bit-stored layer's time over float32's, forward+backward
+PRECISION_LIMITS = {"bfloat16": 1.3, "float16": 1.6}
 SMALL = ((1, 16), 16)
 BATCH1 = [(1024, 1024), (1024, 4096)]  # (in_features, out_features), x of shape (1, in)
 MLP_SIZES = (784, 256, 256, 10)

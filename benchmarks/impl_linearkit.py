@@ -83,6 +83,13 @@ def large(rec) -> None:
                      kind == "fwdbwd")
 
 
+def precision(rec) -> None:
+    """16-bit-stored Linear vs float32, interleaved (``benchmarks/precision.py``)."""
+    from .precision import run
+
+    run(rec, lk)
+
+
 def small(rec) -> None:
     x_shape, out_f = cases.SMALL
     rec.time("fwd", linear_case, x_shape, out_f, False)

@@ -145,6 +145,41 @@ def large_section(v: View):
         "+ `zero_grad()`. PyTorch: `F.linear` (no_grad) and autograd. JAX: jitted.")
 
 
+def precision_section(v: View):
+    rows = []
+    for x_shape, out_f in cases.PRECISION:
+        for kind in ("fwd", "fwdbwd"):
+            case = cases.large_id(kind, x_shape, out_f)
+            got = {var: v.get("precision", "linearkit", f"{case}:{var}")
+                   for var in ("float32", "bfloat16", "float16", "bfloat16-whole",
+                               "float16-whole")}
+            row = [f"{'fwd+bwd' if kind == 'fwdbwd' else 'fwd'} {cases.shape_name(x_shape)} "
+                   f"-> {out_f}", ms((got["float32"] or {}).get("median_s"))]
+            for var in ("bfloat16", "float16"):
+                r, whole = got[var] or {}, got[f"{var}-whole"] or {}
+                row += [ms(r.get("median_s")), ratio(r.get("ratio")), ratio(whole.get("ratio")),
+                        f"{mib(r.get('peak_bytes'))} / {mib(whole.get('peak_bytes'))}"]
+            rows.append(row)
+    return _section(
+        "1b. 16-bit storage: Linear in bfloat16 / float16 vs float32 (ms; ratio to float32)",
+        ["case", "float32", "bf16", "bf16/f32", "bf16 whole/f32", "bf16 peak MiB (blocked / "
+         "whole)", "fp16", "fp16/f32", "fp16 whole/f32", "fp16 peak MiB (blocked / whole)"],
+        rows,
+        "`Linear(1024, 4096, dtype=...)`: parameters stored in 16 bits, GEMMs in float32 "
+        "(`linearkit.precision`); `layer(x)`; `vjp` + `backward(dy)` + `zero_grad()`. The "
+        "variants run interleaved in one process; a ratio is the median over rounds of the "
+        "variant's time over float32's in the same round. *whole*: the weight upcast in one "
+        "piece instead of blocks of 1M elements; peak: tracemalloc over one call.")
+
+
+def ms(s) -> str:
+    return f"{s * 1e3:.1f}" if _ok(s) else "n/a"
+
+
+def mib(b) -> str:
+    return f"{b / 2**20:.0f}" if _ok(b) else "n/a"
+
+
 def small_section(v: View):
     rows = []
     for kind, label in (("fwd", "forward"), ("fwdbwd", "forward+backward")):
@@ -415,6 +450,13 @@ def targets(v: View) -> list[list[str]]:
                 add(f"1. {'fwd+bwd' if kind == 'fwdbwd' else 'fwd'} "
                     f"{cases.shape_name(x_shape)}->{out_f} ≥ 95% of NumPy",
                     f"{pct(r)} ({num(gf)} GFLOP/s)", at_least(r, 0.95))
+    if v.has("precision"):
+        for x_shape, out_f in cases.PRECISION:
+            case = cases.large_id("fwdbwd", x_shape, out_f)
+            for var, limit in cases.PRECISION_LIMITS.items():
+                r = (v.get("precision", "linearkit", f"{case}:{var}") or {}).get("ratio")
+                add(f"10. {var} fwd+bwd {cases.shape_name(x_shape)}->{out_f} ≤ {limit}× "
+                    "float32", ratio(r), at_most(r, limit))
     if v.has("small"):
         for kind, limit, label in (("fwd", 2e-6, "forward ≤ 2 µs"),
                                    ("fwdbwd", 6e-6, "forward+backward ≤ 6 µs")):
@@ -475,9 +517,10 @@ def targets(v: View) -> list[list[str]]:
 
 
 def all_sections(v: View) -> list[dict]:
-    sections = [_section("Targets (issues 3 and 7)", ["target", "measured", "status"],
+    sections = [_section("Targets (issues 3, 7 and 10)", ["target", "measured", "status"],
                          targets(v))]
-    builders = [("large", large_section), ("small", small_section), ("batch1", batch1_section),
+    builders = [("large", large_section), ("precision", precision_section),
+                ("small", small_section), ("batch1", batch1_section),
                 ("mlp", mlp_sections), ("recipe", recipe_section),
                 ("footprint", footprint_section), ("memory", memory_section),
                 ("profile", profile_sections), ("busy", busy_sections)]

@@ -129,13 +129,12 @@ _BLOCK_ELEMENTS = 1 << 20
 
 def _linear_16bit(x, weight, bias):
     """``linear`` for a float16/bfloat16 ``weight``: float32 GEMMs on blocks of its rows."""
-    up = _precision.compute_array
-    x = up(x)
+    x = _precision.compute_array(x)
     out_features, in_features = weight.shape
     x2 = x.reshape(1, in_features) if x.ndim == 1 else _rows(x)
-    macs = x2.size * out_features
-    if macs >= _threads.switch_macs:
-        _threads.before_gemm(macs)
+    up = _precision.compute_array
+    if x2.size * out_features >= _threads.switch_macs:
+        _threads.before_gemm(x2.size * out_features)
     rows = max(1, _BLOCK_ELEMENTS // max(in_features, 1))
     if rows >= out_features:  # whole: the very GEMM (or GEMV) a float32 weight gets
         y = np.matmul(up(weight), x) if x.ndim == 1 else np.matmul(x2, up(weight).T)
@@ -145,18 +144,17 @@ def _linear_16bit(x, weight, bias):
             block = slice(start, start + rows)
             np.matmul(x2, up(weight[block]).T, out=y[:, block])
     if bias is not None:
-        y += up(bias)
+        y += _precision.compute_array(bias)
     return y.reshape(x.shape[:-1] + (out_features,))
 
 
 def _input_grad_16bit(dy, weight):
     """``linear_input_grad`` for a float16/bfloat16 ``weight``: GEMMs on blocks of its columns."""
-    up = _precision.compute_array
     out_features, in_features = weight.shape
-    dy2 = up(_rows(dy) if dy.ndim != 1 else dy.reshape(1, out_features))
-    macs = dy2.size * in_features
-    if macs >= _threads.switch_macs:
-        _threads.before_gemm(macs)
+    dy2 = _precision.compute_array(_rows(dy) if dy.ndim != 1 else dy.reshape(1, out_features))
+    up = _precision.compute_array
+    if dy2.size * in_features >= _threads.switch_macs:
+        _threads.before_gemm(dy2.size * in_features)
     cols = max(1, _BLOCK_ELEMENTS // max(out_features, 1))
     if cols >= in_features:
         dx = np.matmul(dy2, up(weight))

@@ -156,17 +156,23 @@ class Linear(Module):
     def _vjp_policy(self, x: np.ndarray, input_grad: bool, policy: P.Policy):
         """``vjp`` for 16-bit parameters or saved activations kept in 16 bits (the policy).
 
-        The GEMMs run in float32: a 16-bit weight is upcast in blocks (``F.linear``), and again
-        in the backward for dx — keeping the forward's float32 copy in the closure would hold 4
-        bytes per weight element from forward to backward, more than the 16-bit weight saves.
-        dW and db come out float32 and are stored as ``precision.grad_dtype`` said at forward
-        time; x is kept in ``policy.activations`` (upcast again for dW) when that is set.
+        The GEMMs run in float32. dx = dy @ W needs the weight again: a bfloat16 weight is
+        upcast again in the backward (block by block, ~1.1 ms per 4M elements), while a float16
+        one keeps its float32 copy from the forward in the closure (4 bytes per weight element,
+        counted among what the backward keeps), as torch's autocast caches its casts: NumPy's
+        float16 upcast costs about half a float32 GEMM, and doing it twice made the
+        benchmark's fwd+bwd 1.5-1.7x float32 instead of ~1.3x (benchmarks/precision.py).
+        Without ``input_grad`` no copy is kept. dW and db come out float32 and are stored as
+        ``precision.grad_dtype`` said at forward time; x is kept in ``policy.activations``
+        (upcast again for dW) when that is set.
         """
         w, b = self.weight, self.bias
         wd = w.data
         if wd.itemsize == 2 and x.itemsize == 2:
             x = P.compute_array(x)  # a 16-bit input of a 16-bit layer, upcast once
-        y = F.linear(x, wd, None if b is None else b.data)
+        bias = None if b is None else P.compute_array(b.data)
+        w32 = P.compute_array(wd) if input_grad and wd.dtype == P.F16 else None
+        y = F.linear(x, wd if w32 is None else w32, bias)
         need_dw = w.requires_grad
         need_db = b is not None and b.requires_grad
         saved_x = P.saved_activation(x) if need_dw else None
@@ -180,7 +186,9 @@ class Linear(Module):
                            dtype=gw)
             if need_db:
                 b.add_grad(write=lambda out, acc: F.linear_bias_grad(dy, out, acc), dtype=gb)
-            return F.linear_input_grad(dy, w.data) if input_grad else None
+            if not input_grad:
+                return None
+            return F.linear_input_grad(dy, w.data if w32 is None else w32)
 
         return y, backward
 
