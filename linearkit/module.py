@@ -17,6 +17,7 @@ import numpy as np
 
 from . import anomaly as _anomaly
 from . import hooks as _hooks
+from . import precision as _precision
 from .errors import _Located
 from .parameter import Parameter
 from .vjp_protocol import check_finite, guarded_vjp
@@ -43,6 +44,10 @@ def _loadable(raw, key: str, shape: tuple, dtype: np.dtype, errors: list[str]):
         errors.append(f'While copying the parameter named "{key}", expected an array from '
                       f"checkpoint but {type(raw).__name__} could not be read as one: {err}")
         return None
+    if value.dtype.kind == "V" and _precision.is_float(value.dtype):
+        # bfloat16 (kind 'V'): checked as the float32 it converts to exactly; assigned as is
+        checked = _loadable(value.astype(np.float32), key, shape, dtype, errors)
+        return None if checked is None else value.reshape(checked.shape)
     if value.dtype.kind not in "biuf" or (value.dtype.kind == "f" and dtype.kind in "iu"
                                           and not np.isfinite(value).all()):
         what = {"c": "complex values would lose their imaginary part",
@@ -281,8 +286,7 @@ class Module:
         becomes the dtype a new one would have under the precision policy (float32 for 16-bit
         parameters by default).
         """
-        from . import precision
-
+        precision = _precision
         dtype = precision.storage_dtype(dtype)
         grad_dtype = precision.grad_dtype(dtype)
         for module in self.modules():

@@ -517,3 +517,19 @@ def test_property_any_shape_any_16_bit_dtype(dtype, n_in, n_out, lead, block, bi
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     if bias:
         np.testing.assert_array_equal(layer.bias.grad, ref.bias.grad)
+
+
+@pytest.mark.parametrize("target", [BF16, np.float32, F16])
+def test_a_bfloat16_state_dict_loads_into_any_storage(target):
+    source = lk.Sequential(lk.Linear(3, 4), lk.BatchNorm1d(4)).to("bfloat16")
+    saved = {k: np.array(v) for k, v in source.state_dict().items()}
+    model = lk.Sequential(lk.Linear(3, 4), lk.BatchNorm1d(4)).to(target)
+    assert model.load_state_dict(saved) == ([], [])
+    for key, value in model.state_dict().items():
+        if key.endswith("num_batches_tracked"):
+            continue
+        assert value.dtype == target
+        np.testing.assert_array_equal(value.astype(np.float32), saved[key].astype(np.float32))
+    saved["0.weight"] = saved["0.weight"][:2]
+    with pytest.raises(RuntimeError, match="size mismatch for 0.weight"):
+        model.load_state_dict(saved)
