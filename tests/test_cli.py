@@ -324,7 +324,7 @@ def _readme_python_blocks():
 
 def test_readme_snippets_run(tmp_path, monkeypatch, capsys):
     blocks = _readme_python_blocks()
-    assert len(blocks) == 4 and "lk.load_model(" in blocks[1]
+    assert len(blocks) == 5 and "lk.load_model(" in blocks[1]
     exec(compile(blocks[0], "README.md: a training step", "exec"), {})
     # "Load saved weights back", on the file the README's first command writes.
     monkeypatch.chdir(tmp_path)
@@ -343,3 +343,8 @@ def test_readme_snippets_run(tmp_path, monkeypatch, capsys):
     summary = capsys.readouterr().out
     assert summary.startswith("merge_linear: 1 change") and scope["report"].max_rel_error < 1e-6
     assert [type(m).__name__ for m in scope["merged"]] == ["Linear", "ReLU", "Linear"]
+    # "16-bit weights ...": a bf16 model, an accumulated scaled step, a range check.
+    scope = {}
+    exec(compile(blocks[4], "README.md: 16-bit weights", "exec"), scope)
+    assert capsys.readouterr().out.split() == ["True"]
+    assert scope["model"][0].weight.dtype.name == "bfloat16" and np.isfinite(scope["loss"])
