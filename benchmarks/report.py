@@ -153,8 +153,9 @@ def precision_section(v: View):
             got = {var: v.get("precision", "linearkit", f"{case}:{var}")
                    for var in ("float32", "bfloat16", "float16", "bfloat16-whole",
                                "float16-whole")}
-            row = [f"{'fwd+bwd' if kind == 'fwdbwd' else 'fwd'} {cases.shape_name(x_shape)} "
-                   f"-> {out_f}", ms((got["float32"] or {}).get("median_s"))]
+            label = (f"{'fwd+bwd' if kind == 'fwdbwd' else 'fwd'} "
+                     f"{cases.shape_name(x_shape)} -> {out_f}")
+            row = [label, ms((got["float32"] or {}).get("median_s"))]
             for var in ("bfloat16", "float16"):
                 r, whole = got[var] or {}, got[f"{var}-whole"] or {}
                 row += [ms(r.get("median_s")), ratio(r.get("ratio")), ratio(whole.get("ratio")),
@@ -162,8 +163,9 @@ def precision_section(v: View):
             rows.append(row)
     return _section(
         "1b. 16-bit storage: Linear in bfloat16 / float16 vs float32 (ms; ratio to float32)",
-        ["case", "float32", "bf16", "bf16/f32", "bf16 whole/f32", "bf16 peak MiB (blocked / "
-         "whole)", "fp16", "fp16/f32", "fp16 whole/f32", "fp16 peak MiB (blocked / whole)"],
+        ["case", "float32", "bf16", "bf16/f32", "bf16 whole/f32",
+         "bf16 peak MiB (blocked / whole)", "fp16", "fp16/f32", "fp16 whole/f32",
+         "fp16 peak MiB (blocked / whole)"],
         rows,
         "`Linear(1024, 4096, dtype=...)`: parameters stored in 16 bits, GEMMs in float32 "
         "(`linearkit.precision`); `layer(x)`; `vjp` + `backward(dy)` + `zero_grad()`. The "

@@ -56,7 +56,8 @@ def grads_for(step: int, params, storage: bool):
 
 
 def run(name, kwargs, params, twins, storage, steps=STEPS, opts=None):
-    opt, ref = opts or (getattr(optim, name)(params, **kwargs), getattr(optim, name)(twins, **kwargs))
+    opt, ref = opts or (getattr(optim, name)(params, **kwargs),
+                        getattr(optim, name)(twins, **kwargs))
     for step in range(steps):
         for p, t, g in zip(params, twins, grads_for(step, params, storage)):
             p.grad = g.copy()
@@ -115,7 +116,7 @@ def test_the_float32_reference_is_torchs_optimizer(case):
 def test_state_dict_round_trip_continues_bit_for_bit(case):
     name, kwargs = CASES[case]
     params, twins = start(BF16)
-    opt, ref = run(name, kwargs, params, twins, False, steps=3)
+    opt, _ = run(name, kwargs, params, twins, False, steps=3)
     saved = opt.state_dict()
     assert saved["state"][0]["master_param"].dtype == np.float32
     again = [lk.Parameter(p.data.copy()) for p in params]
@@ -135,7 +136,7 @@ def test_state_dict_round_trip_continues_bit_for_bit(case):
 
 def test_loaded_states_are_float32_and_a_master_is_optional():
     params, twins = start(F16)
-    opt, ref = run("Adam", {}, twins, [lk.Parameter(t.data.copy()) for t in twins], False,
+    opt, _ = run("Adam", {}, twins, [lk.Parameter(t.data.copy()) for t in twins], False,
                    steps=2)
     saved = opt.state_dict()                         # a float32 model's state: no master
     fresh = optim.Adam(params)

@@ -128,9 +128,8 @@ def test_policy_context_restores_and_set_policy_returns_the_previous():
             assert P.get_policy().activations == np.float16
         assert P.get_policy().activations is None
     assert P.get_policy() == P.Policy()
-    with pytest.raises(RuntimeError):
-        with P.policy(activations=BF16):
-            raise RuntimeError
+    with pytest.raises(RuntimeError), P.policy(activations=BF16):
+        raise RuntimeError
     assert P.get_policy() == P.Policy()
     previous = P.set_policy(grads="storage")
     try:
@@ -145,9 +144,8 @@ def test_policy_context_restores_and_set_policy_returns_the_previous():
                                           ({"activations": np.int8}, "storage dtype"),
                                           ({"compute": "int8"}, "storage dtype")])
 def test_policy_refuses_bad_fields(kwargs, text):
-    with pytest.raises((ValueError, TypeError), match=text):
-        with P.policy(**kwargs):
-            pass
+    with pytest.raises((ValueError, TypeError), match=text), P.policy(**kwargs):
+        pass
     assert P.get_policy() == P.Policy()
 
 
@@ -319,7 +317,7 @@ def test_frozen_weight_and_no_input_grad_skip_their_gemms(dtype, monkeypatch):
     calls = []
     monkeypatch.setattr(F, "linear_weight_grad", lambda *a: calls.append("dW"))
     monkeypatch.setattr(F, "_input_grad_16bit", lambda *a: calls.append("dx"))
-    y, back = layer.vjp(x, input_grad=False)
+    _, back = layer.vjp(x, input_grad=False)
     assert not [a for a in closure_arrays(back) if a.shape == x.shape]   # no activation kept
     assert back(np.ones((3, 10), np.float32)) is None
     assert calls == [] and layer.weight.grad is None
