@@ -3,7 +3,7 @@
 Its closure refuses a second call (``BackwardError``), checks ``dy``'s shape against the output
 and casts ``dy`` to the output's dtype (as autograd does), names the module's path in the model
 on any error, runs the call hooks (``linearkit.hooks``), and under ``detect_anomaly()`` checks
-the output and gradients for NaN/Inf.
+the output, the 16-bit arrays the closure keeps, and the gradients for NaN/Inf.
 """
 
 from __future__ import annotations
@@ -83,6 +83,8 @@ def guarded_vjp(vjp: Callable) -> Callable:
                 dx = dx if several else dx[0]
             return dx
 
+        if _anomaly.enabled:  # what the closure keeps (a 16-bit copy may be inf), children's not
+            _anomaly.check_kept(self, backward, guarded_backward.__code__)
         return y, guarded_backward
 
     entry.__wrapped_vjp__ = vjp

@@ -127,8 +127,12 @@ def test_mixed_precision_counts_the_float32_master_copy():
     model = lk.Linear(512, 256, rng=rng()).to(np.float16)
     L = ledger(model, (64, 512))
     assert L.dtype == "float16"
-    assert L.memory["weights"] == 2 * 131_328 and L.memory["grads"] == 2 * 131_328
+    # gradients as the precision policy stores them: float32 by default, float16 under
+    # grads="storage" (tests/test_ledger_precision.py checks every field against tracemalloc)
+    assert L.memory["weights"] == 2 * 131_328 and L.memory["grads"] == 4 * 131_328
     assert L.memory["master"] == 4 * 131_328 and L.memory["optimizer"] == 8 * 131_328
+    with lk.precision.policy(grads="storage"):
+        assert ledger(model, (64, 512)).memory["grads"] == 2 * 131_328
     assert ledger(model, (64, 512), master_dtype=None).memory["master"] == 0
     assert ledger(lk.Linear(512, 256), (64, 512), dtype=np.float16).memory["master"] == 4 * 131_328
 

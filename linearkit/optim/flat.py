@@ -44,7 +44,9 @@ class FlatState:
     arrays : dict of str to ndarray, each of shape (N,)
         The packed state; ``state[p][key]`` is ``arrays[key][slices[i]].reshape(p.shape)``.
     buffers : dict
-        ``'grad'`` (N,): the adopted gradients; ``'data'`` (N,): scratch for gathering ``p.data``.
+        ``'grad'`` (N,): the adopted gradients; ``'data'`` (N,): scratch for gathering ``p.data``,
+        made by the first ``gather(..., into='data')`` (only Adam's L2 weight decay gathers the
+        data), so a group that never needs it holds no such array (the ledger counts none).
     mixed : bool
         Whether some parameter is stored in 16 bits (its step goes through its master copy).
     """
@@ -57,7 +59,7 @@ class FlatState:
         self.slices = [slice(a, b) for a, b in pairwise(bounds)]
         total = bounds[-1]
         self.arrays = {key: np.zeros(total, dtype) for key in keys}
-        self.buffers = {"grad": np.empty(total, dtype), "data": np.empty(total, dtype)}
+        self.buffers = {"grad": np.empty(total, dtype)}
         self.views = {key: self.split(array) for key, array in self.arrays.items()}
         self.grad_views = self.split(self.buffers["grad"])
         for i, p in enumerate(self.params):
@@ -83,7 +85,11 @@ class FlatState:
 
     def gather(self, arrays: list, into: str = "grad") -> np.ndarray:
         """Copy ``arrays`` (one per parameter) into a flat buffer of shape (N,) and return it."""
-        return np.concatenate([a.reshape(-1) for a in arrays], out=self.buffers[into])
+        out = self.buffers.get(into)
+        if out is None:
+            grad = self.buffers["grad"]
+            out = self.buffers[into] = np.empty(grad.shape, grad.dtype)
+        return np.concatenate([a.reshape(-1) for a in arrays], out=out)
 
     def owns_grads(self, params: list) -> bool:
         """True when every ``p.grad`` is this object's view of its flat gradient buffer."""

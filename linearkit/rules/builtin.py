@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from .. import precision as P
 from ..layers import (
     GELU,
     BatchNorm1d,
@@ -72,14 +73,23 @@ def _linear_info(m, shape) -> dict:
             "lazy": False}
 
 
+def _linear_saved(trains: bool, storage, weight_numel: int, shape, need_dx) -> list:
+    # The closure holds x (for dW = dyᵀx) only when the weight trains, through
+    # precision.saved_activation; a float16 weight also keeps its float32 copy for dx
+    # (Linear._vjp_policy: NumPy's float16 upcast is too slow to do twice).
+    saved = [("input", math.prod(shape), "activation")] if trains else []
+    if need_dx and storage == P.F16:
+        saved.append(("weight_float32", weight_numel, P.F32))
+    return saved
+
+
 LINEAR = LayerRule(
     kind="linear",
     describe=lambda m: linear_text(m.in_features, m.out_features, m.bias is not None),
     output_shape=_linear_out,
     cost=_linear_cost,
-    # The closure holds x (for dW = dyᵀx) only when the weight trains.
-    saved=lambda m, shape, need_dx: ([("input", math.prod(shape))]
-                                     if m.weight.requires_grad else []),
+    saved=lambda m, shape, need_dx: _linear_saved(m.weight.requires_grad, m.weight.data.dtype,
+                                                  m.weight.data.size, shape, need_dx),
     info=_linear_info,
     weight=lambda m: m.weight.data,
     transforms=("merge_linear", "fold_norm", "factorize", "add_lora", "extract_lora",
@@ -102,7 +112,8 @@ LAZY_LINEAR = LayerRule(
     output_shape=_linear_out,
     cost=lambda m, shape, need_dx: linear_cost(lead(shape), shape[-1], m.out_features,
                                                m.has_bias, need_dx, True, m.has_bias),
-    saved=lambda m, shape, need_dx: [("input", math.prod(shape))],
+    saved=lambda m, shape, need_dx: _linear_saved(True, m.dtype, shape[-1] * m.out_features,
+                                                  shape, need_dx),
     info=lambda m, shape: {} if shape is None else {
         "in": shape[-1], "out": m.out_features, "bias": m.has_bias, "lazy": True},
     note=_lazy_note,
@@ -163,9 +174,9 @@ LAYER_NORM = LayerRule(
     describe=lambda m: f"LayerNorm({m.normalized_shape})",
     output_shape=_check_layer_norm,
     cost=lambda m, shape, need_dx: norm_module_cost(m, math.prod(shape), need_dx),
-    # xhat, and 1/sqrt(var + eps) per normalized row
+    # xhat (through precision.saved_activation), and 1/sqrt(var + eps) per normalized row
     saved=lambda m, shape, need_dx: [
-        ("xhat", math.prod(shape)),
+        ("xhat", math.prod(shape), "activation"),
         ("rstd", math.prod(shape[:len(shape) - len(m.normalized_shape)]))],
     transforms=("fold_norm",),
 )
@@ -187,7 +198,8 @@ BATCH_NORM = LayerRule(
     output_shape=_check_batch_norm,
     cost=lambda m, shape, need_dx: norm_module_cost(m, math.prod(shape), need_dx,
                                                     eval_mode=not _batch_stats(m)),
-    saved=lambda m, shape, need_dx: [("xhat", math.prod(shape)), ("rstd", m.num_features)],
+    saved=lambda m, shape, need_dx: [("xhat", math.prod(shape), "activation"),
+                                     ("rstd", m.num_features)],
     info=lambda m, shape: {"c": m.num_features},
     note=lambda m, shape: "" if _batch_stats(m) else "eval: running statistics",
     transforms=("fold_norm",),

@@ -48,11 +48,15 @@ class LayerRule:
         ``linearkit.rules.costs`` for the conventions and the helpers). ``need_dx``: something
         before the layer needs the input gradient, so the backward computes dX. None: unknown
         (the ledger says the FLOPs are missing).
-    saved : ``saved(m, in_shape, need_dx) -> [(what, numel), ...]``, optional
+    saved : ``saved(m, in_shape, need_dx) -> [(what, numel[, dtype]), ...]``, optional
         The arrays the backward closure keeps: ``what`` is 'input', 'output' (the same array as
         the layer's input or output, counted once over the model) or a name of the layer's own
-        ('mask', 'xhat', ...); ``numel`` its number of elements. ``[]``: keeps nothing. None:
-        unknown (the ledger notes that the activations are missing).
+        ('mask', 'xhat', ...); ``numel`` its number of elements; ``dtype`` what it is kept in:
+        omitted, that array's dtype ('input', 'output') or the layer's compute dtype (its own);
+        a NumPy dtype; or ``'activation'``, kept through ``precision.saved_activation`` — a
+        rounded copy in the policy's ``activations`` dtype when that is set, else the array
+        itself. ``[]``: keeps nothing. None: unknown (the ledger notes that the activations are
+        missing).
     info : ``info(m, in_shape or None) -> dict``, optional
         What the findings read from the row: a Linear's sizes ``{'in', 'out', 'bias', 'lazy'}``,
         a BatchNorm1d's channels ``{'c'}``. ``in_shape`` is None without an input shape.

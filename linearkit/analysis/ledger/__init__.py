@@ -6,7 +6,8 @@
 * one row per module: path, type, input and output shape, parameters (all / trainable), MACs,
   forward and backward FLOPs, output bytes, and the bytes its backward keeps alive;
 * totals and a memory budget for one training step: weights, buffers, gradients, optimizer
-  states, a float32 master copy under mixed precision, saved activations;
+  states, a float32 master copy under mixed precision, saved activations — each in the dtype
+  linearkit keeps it in under the precision policy in force (``linearkit.precision``);
 * findings: redundant linear structure, each with the fix and what it saves.
 
 Counting conventions (printed with every table, see ``CONVENTIONS``):

@@ -48,6 +48,19 @@ def ledger(model, input_shape=None, *, dtype=None, optimizer: str | None = "adam
            batch: int | None = None, master_dtype="auto", rank_check: bool = True) -> Ledger:
     """Parameters, FLOPs, memory of one training step, and redundant structure, per module.
 
+    Memory counts what linearkit stores, in the dtypes it stores it (``linearkit.precision``):
+    weights and buffers in their storage dtype (2 bytes an element for float16/bfloat16); for a
+    16-bit trainable parameter the optimizer's float32 master copy and float32 states; gradients
+    as ``precision.grad_dtype`` stores them (float32 for 16-bit parameters by default, their own
+    dtype under ``policy(grads="storage")``); saved activations in the dtype each layer keeps
+    them: the compute dtype (float32 for 16-bit layers, whose outputs are float32 too), or the
+    policy's ``activations`` dtype for what layers keep through ``precision.saved_activation``
+    (a Linear's input, a norm's xhat); a float16 Linear that needs dx also keeps its weight's
+    float32 copy. The policy is read when ``ledger()`` is called (as a layer reads it when its
+    forward runs): call it inside the same ``precision.policy(...)`` block as the training step.
+    A torch model is counted with PyTorch's semantics (gradients and activations in the
+    parameters' dtype).
+
     Parameters
     ----------
     model : linearkit Module, torch ``nn.Module``, path to a ``.safetensors`` file, or a preset
@@ -57,14 +70,19 @@ def ledger(model, input_shape=None, *, dtype=None, optimizer: str | None = "adam
         the model (a ShapeError names the layer an input does not fit). Without it only
         parameters and weight memory are reported.
     dtype : NumPy dtype, optional
-        The storage dtype to count bytes in (default: the model's parameter dtype).
+        Count every floating parameter and buffer as if stored in this dtype (default: each in
+        its own); a 16-bit one computes (and keeps activations) in float32, as ``model.to``
+        would make it.
     optimizer : 'adam', 'adamw' (2 states per trainable parameter), 'sgd-momentum' (1),
         'sgd' (0), or None for inference (no grads, no states, no saved activations).
     batch : int, optional
         When given, ``input_shape`` is one sample's shape and ``batch`` is prepended.
     master_dtype : 'auto', dtype or None
-        Mixed precision: a master copy of the trainable weights kept in this dtype (optimizer
-        states too). 'auto' = float32 when the storage dtype is 16-bit, else none.
+        Mixed precision: the master copy of trainable weights (optimizer states in its dtype
+        too). 'auto' = what linearkit's optimizers keep: a float32 master (and float32 states)
+        for each 16-bit trainable parameter, none for float32/float64 or frozen ones. A dtype:
+        a master of every trainable parameter in it. None: no master (states in the storage
+        dtype).
     rank_check : bool
         Compute singular values of each weight (up to 2**20 elements) for the low-rank finding.
 
@@ -110,19 +128,16 @@ def ledger(model, input_shape=None, *, dtype=None, optimizer: str | None = "adam
     else:
         name = type(model).__name__
     if isinstance(model, Module):
-        acc, store_name, itemsize, buffers = linearkit_pass(model, shape, override)
+        acc, sizes = linearkit_pass(model, shape, override)
         source = "linearkit"
     elif _is_torch_module(model):
         from .torch_model import torch_pass
 
-        acc, store_name, itemsize, buffers = torch_pass(model, shape, override)
+        acc, sizes = torch_pass(model, shape, override)
         source = "torch"
     else:
         raise TypeError(f"ledger() takes a linearkit Module, a torch nn.Module, a .safetensors "
                         f"path or a preset name, got {type(model).__name__}")
-    root = acc.rows[0]
-    sizes = {"weights": root.params * itemsize, "trainable": root.trainable_params * itemsize,
-             "buffers": buffers, "store": store_name, "half": itemsize == 2}
     if shape is None:
         notes.append("no input_shape: FLOPs and activations are unavailable.")
     return finish(acc, sizes, source, name, shape, optimizer, master_dtype, rank_check, notes)

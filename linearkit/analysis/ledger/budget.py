@@ -21,20 +21,64 @@ def _paths(paths) -> str:
     return ", ".join(p or "(model)" for p in paths)
 
 
+def _masters(params, master_dtype):
+    """Per parameter entry, the dtype of its master copy (None: the optimizer steps it as it is).
+
+    'auto' follows linearkit's optimizers: a float32 master for each 16-bit trainable parameter
+    (float16/bfloat16), none for the others; a dtype: a master of every trainable parameter in
+    it (what an optimizer keeping one for all would hold); None: no master at all.
+    """
+    if master_dtype == "auto":
+        f32 = np.dtype(np.float32)
+        return [f32 if trainable and itemsize == 2 else None
+                for _, itemsize, _, trainable in params]
+    master = None if master_dtype is None else np.dtype(master_dtype)
+    return [master if trainable else None for _, _, _, trainable in params]
+
+
+def _training_state(params, masters, optimizer) -> dict:
+    """Bytes of the gradients, master copies and optimizer states of the trainable parameters.
+
+    ``params``: ``[(numel, itemsize, grad_itemsize, trainable), ...]``. A parameter with a
+    master keeps its states in the master's dtype, one without in its own.
+    """
+    states_per = OPTIMIZER_STATES[optimizer]
+    out = {"grads": 0, "master": 0, "optimizer": 0}
+    for (numel, itemsize, grad_itemsize, trainable), master in zip(params, masters):
+        if not trainable:
+            continue
+        out["grads"] += numel * grad_itemsize
+        out["master"] += 0 if master is None else numel * master.itemsize
+        out["optimizer"] += states_per * numel * (itemsize if master is None else master.itemsize)
+    return out
+
+
+def _master_note(params, masters, store) -> str:
+    """What the budget counts as master copies ('' when there are none)."""
+    with_master = [(n, m) for (n, _, _, _), m in zip(params, masters) if m is not None]
+    if not with_master:
+        return ""
+    trainable = sum(n for n, _, _, t in params if t)
+    count = sum(n for n, _ in with_master)
+    which = "" if count == trainable else \
+        f" for {count:,} of the {trainable:,} trainable parameters"
+    return (f"mixed precision: {with_master[0][1].name} master weights and optimizer "
+            f"states{which}, {store} weights.")
+
+
 def finish(acc, sizes, source, name, shape, optimizer, master_dtype, rank_check, notes):
-    """Totals, the memory budget and the findings, common to every source."""
+    """Totals, the memory budget and the findings, common to every source.
+
+    ``sizes``: ``weights``, ``buffers`` (bytes), ``store`` (a dtype name for the report) and
+    ``params``: ``[(numel, itemsize, grad_itemsize, trainable), ...]``, once per parameter.
+    """
     root = acc.rows[0]
     params, trainable = root.params, root.trainable_params
-    if master_dtype == "auto":
-        master = np.dtype(np.float32) if sizes["half"] else None
-    else:
-        master = None if master_dtype is None else np.dtype(master_dtype)
     training = optimizer is not None
-    grads = sizes["trainable"] if training else 0
-    master_bytes = trainable * master.itemsize if training and master is not None else 0
-    per_state = master.itemsize if master is not None else (
-        sizes["trainable"] // trainable if trainable else 0)
-    states = OPTIMIZER_STATES[optimizer] * trainable * per_state if training else 0
+    masters = _masters(sizes["params"], master_dtype)
+    state = (_training_state(sizes["params"], masters, optimizer) if training
+             else {"grads": 0, "master": 0, "optimizer": 0})
+    grads, master_bytes, states = state["grads"], state["master"], state["optimizer"]
     graph = shape is not None
     activations = (acc.saved_total if training else 0) if graph else None
     weights = sizes["weights"]
@@ -68,9 +112,9 @@ def finish(acc, sizes, source, name, shape, optimizer, master_dtype, rank_check,
     if acc.unsaved and training and graph:
         notes.append(f"no saved-array rule for {_paths(acc.unsaved)}: what their backward "
                      "keeps is missing from the activations.")
-    if master_bytes:
-        notes.append(f"mixed precision: {master.name} master weights and optimizer states, "
-                     f"{sizes['store']} weights and grads.")
+    master_note = _master_note(sizes["params"], masters, sizes["store"]) if training else ""
+    if master_note:
+        notes.append(master_note)
     if not training:
         notes.append("optimizer=None: inference, so no grads, optimizer states or saved "
                      "activations.")

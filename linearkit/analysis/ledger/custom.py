@@ -13,6 +13,7 @@ import copy
 import numpy as np
 
 from ... import hooks
+from ... import precision as P
 from ...errors import _Located
 from ...module import Module, Parameter
 from .linearkit_layers import add_note, describe, fill_row, rule_for
@@ -26,8 +27,12 @@ def run_custom(lpass, m, i, path, x, need, depth):
     The copy shares the parameters (nothing is copied but buffers), the library's random
     generator is restored afterwards, so the model is left exactly as it was. Known layers
     called inside are recorded and costed by their rules; the bytes the returned closure
-    holds are measured by walking it. ``lpass`` is the running pass (its ``acc``, ``itemsize``,
-    ``nbytes`` and ``params_of``); returns the output's shape and its buffer key (None: new).
+    holds are measured by walking it. ``lpass`` is the running pass (its ``acc``, ``override``,
+    ``nbytes`` and ``params_of``); returns the output's shape, dtype and buffer key (None: new).
+
+    It runs on zeros of ``x.dtype`` (the compute dtype) under the precision policy in force, so
+    the closure's arrays are measured in the dtypes they are really kept in; under a
+    ``dtype=`` override they are scaled to the override's compute dtype.
     """
     from ... import random as lk_random
 
@@ -36,7 +41,9 @@ def run_custom(lpass, m, i, path, x, need, depth):
     memo = {id(p): p for p in m.parameters()}
     clone = copy.deepcopy(m, memo)
     originals = dict(m.named_modules())
-    dtype = next((p.dtype for p in m.parameters()), np.dtype(np.float32))
+    own = next((p.dtype for p in m.parameters()), None)
+    # the dtype it really computes in (x.dtype is the override's compute dtype under one)
+    dtype = x.dtype if lpass.override is None or own is None else P.compute_dtype(own)
     gen = lk_random.default_generator()
     state = gen.bit_generator.state
     x0 = np.zeros(x.shape, dtype)
@@ -56,6 +63,12 @@ def run_custom(lpass, m, i, path, x, need, depth):
     finally:
         gen.bit_generator.state = state
     y = np.asarray(y)
+    ratio = x.dtype.itemsize / dtype.itemsize  # 1 without an override
+
+    def counted(real):  # a dtype the copy really made, as the pass counts it
+        real = np.dtype(real)
+        return x.dtype if lpass.override is not None and P.is_float(real) else real
+
     for rec in records:
         sub_path, xs, ys, ig = rec["path"], rec["x"], rec["y"], rec["need"]
         orig = originals[sub_path]
@@ -71,7 +84,7 @@ def run_custom(lpass, m, i, path, x, need, depth):
             acc.unaccounted.append(full)
             continue
         j = acc.row(full, describe(orig, rule), depth + 1 + sub_path.count("."), input_shape=xs,
-                    output_shape=ys, output_bytes=lpass.nbytes(ys),
+                    output_shape=ys, output_bytes=lpass.nbytes(ys, counted(rec["dtype"])),
                     note="saved bytes counted at the custom parent")
         acc.own_params(j, lpass.params_of(orig))
         fill_row(acc, j, rule, orig, xs, ig)  # no keys: the parent's closure is measured
@@ -84,12 +97,11 @@ def run_custom(lpass, m, i, path, x, need, depth):
         add_note(row, f"own FLOPs unknown: no rule for {type(m).__name__}")
     if back is not None:
         exclude = {id(p.data) for p in m.parameters()} | {id(b) for b in m.buffers()}
-        ratio = lpass.itemsize / dtype.itemsize
         for arr in _closure_arrays(back, exclude):
             key = x.key if arr is x0 else ("custom", i, id(arr))
-            acc.keep(i, key, int(arr.nbytes * ratio))
+            acc.keep(i, key, int(arr.nbytes * ratio) if P.is_float(arr.dtype) else arr.nbytes)
     add_note(row, "custom module: run once on zeros")
-    return y.shape, (x.key if y is x0 else None)
+    return y.shape, counted(y.dtype), (x.key if y is x0 else None)
 
 
 def _recorder(clone):
@@ -103,14 +115,15 @@ def _recorder(clone):
             return
         x = args[0] if args else next((v for k, v in kwargs.items() if k != "input_grad"), None)
         # Under vjp() the hooks' kwargs hold input_grad; under module(x) they are empty.
-        rec = {"path": paths[id(mod)], "x": np.shape(x), "y": None,
+        rec = {"path": paths[id(mod)], "x": np.shape(x), "y": None, "dtype": np.float32,
                "need": bool(kwargs.get("input_grad", False))}
         records.append(rec)
         open_calls.append(rec)
 
     def post(mod, args, kwargs, out):
         if id(mod) in paths:
-            open_calls.pop()["y"] = np.shape(out)
+            rec = open_calls.pop()
+            rec["y"], rec["dtype"] = np.shape(out), getattr(out, "dtype", np.float32)
 
     return records, hooks.observe(clone, forward_pre=pre, forward=post, with_kwargs=True)
 

@@ -132,6 +132,27 @@ def _merge_finding(ra: Row, rb: Row, between) -> Finding:
                    transform=transform)
 
 
+def _rank_tolerance(s: np.ndarray, dtype: np.dtype, n_out: int, n_in: int) -> float:
+    """Singular values at or below this are rounding: ``s_max * max(n_out, n_in) * eps`` for
+    float32/float64 (NumPy's ``matrix_rank`` convention, floored at 1e-7 * s_max).
+
+    For float16/bfloat16 storage that bound (64 x 2^-7 = 0.5 s_max for a 64-wide bfloat16
+    weight) would call a random weight low-rank; rounding each entry to the nearest 16-bit value
+    moves every singular value by at most ``||E||_2 <= ||E||_F <= (eps / 2) ||W||_F`` (Weyl), the
+    tolerance used there. bfloat16 (kind 'V', which ``np.finfo`` refuses) reads ml_dtypes' eps
+    (loaded wherever a bfloat16 array exists).
+    """
+    if dtype.itemsize != 2:
+        return s[0] * max(max(n_out, n_in) * np.finfo(dtype).eps, 1e-7)
+    if dtype.kind == "f":
+        eps = float(np.finfo(dtype).eps)
+    else:
+        import ml_dtypes
+
+        eps = float(ml_dtypes.finfo(dtype).eps)
+    return max(eps / 2 * float(np.sqrt(np.sum(s**2))), 1e-7 * s[0])
+
+
 def _rank_finding(row: Row, w: np.ndarray, max_elements: int = 1 << 20) -> Finding | None:
     """Rank-deficient or 99%-energy-in-rank-r weights, where factorizing saves parameters."""
     n_out, n_in = w.shape
@@ -147,7 +168,7 @@ def _rank_finding(row: Row, w: np.ndarray, max_elements: int = 1 << 20) -> Findi
     s = np.sqrt(np.clip(np.linalg.eigvalsh(gram)[::-1], 0.0, None))
     if s[0] == 0:
         return None
-    tol = s[0] * max(max(n_out, n_in) * np.finfo(w.dtype).eps, 1e-7)
+    tol = _rank_tolerance(s, w.dtype, n_out, n_in)
     rank = int(np.sum(s > tol))
     energy = np.cumsum(s**2)
     r99 = int(np.searchsorted(energy, 0.99 * energy[-1]) + 1)

@@ -95,9 +95,9 @@ class Ledger:
     ``totals``: ``params``, ``trainable_params``, ``macs``, ``flops`` (forward),
     ``backward_macs``, ``backward_flops``, and the forward split ``gemm_flops`` (= 2·macs),
     ``bias_flops``, ``elementwise_flops``; FLOP entries are None for a weights file.
-    ``memory`` (bytes): ``weights``, ``buffers``, ``grads``, ``master`` (float32 copy under mixed
-    precision), ``optimizer``, ``training_state`` (weights + grads + master + optimizer),
-    ``activations`` (saved for backward; None without an input shape) and ``total``.
+    ``memory`` (bytes): ``weights``, ``buffers``, ``grads``, ``master`` (float32 copy of 16-bit
+    trainable parameters), ``optimizer``, ``training_state`` (weights + grads + master +
+    optimizer), ``activations`` (saved for backward; None without an input shape) and ``total``.
     """
 
     def __init__(self, *, source, model_name, input_shape, dtype, optimizer, rows, totals,

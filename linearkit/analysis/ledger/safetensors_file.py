@@ -40,8 +40,8 @@ def read_safetensors(path: str, override):
             groups.setdefault(prefix, []).append((name, shape, st_dtype, arr))
     acc = Acc(override.itemsize if override is not None else 4)
     root = acc.rows[acc.row("", "safetensors file", 0, kind="container")]
-    weights = buffers = trainable = 0
-    dtypes = set()
+    weights = buffers = 0
+    dtypes, params = set(), []
     for prefix, tensors in groups.items():
         names = {n: s for n, s, _, _ in tensors}
         w = names.get("weight")
@@ -58,14 +58,14 @@ def read_safetensors(path: str, override):
         i = acc.row(prefix, type_, 1, kind=kind, info=info)
         for name, shape, st_dtype, arr in tensors:
             numel = math.prod(shape)
-            nbytes = numel * (override.itemsize if override is not None
-                              else ITEMSIZE.get(st_dtype, 4))
+            itemsize = override.itemsize if override is not None else ITEMSIZE.get(st_dtype, 4)
+            nbytes = numel * itemsize
             if name in _BUFFER_NAMES or st_dtype[0] in "IUB":
                 buffers += nbytes
                 continue
             dtypes.add(st_dtype)
             weights += nbytes
-            trainable += nbytes
+            params.append((numel, itemsize, itemsize, True))  # torch's: grads as stored
             acc.own_params(i, [((prefix, name), numel, True)])
             if arr is not None:
                 acc.linear_weights[i] = arr
@@ -75,7 +75,4 @@ def read_safetensors(path: str, override):
     store = override.name if override is not None else "/".join(
         {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}.get(d, d)
         for d in names)
-    half = override.itemsize == 2 if override is not None else all(
-        d in ("F16", "BF16") for d in names)
-    return acc, {"weights": weights, "trainable": trainable, "buffers": buffers, "store": store,
-                     "half": half}
+    return acc, {"weights": weights, "buffers": buffers, "store": store, "params": params}

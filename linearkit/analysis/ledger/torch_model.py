@@ -92,7 +92,12 @@ def _linear_info(m) -> dict:
 
 
 def torch_pass(model, shape, override):
-    """-> (acc, storage dtype name, bytes per element, buffer bytes) for a torch ``nn.Module``."""
+    """-> (acc, sizes) for a torch ``nn.Module`` (``sizes`` as ``linearkit_pass``'s).
+
+    PyTorch's semantics: gradients, activations and optimizer states in the parameters' dtype
+    (or the override's); under ``master_dtype='auto'`` a 16-bit model is counted with float32
+    master weights and states, as mixed-precision recipes keep them.
+    """
     try:
         import torch
         from torch import nn
@@ -107,9 +112,14 @@ def torch_pass(model, shape, override):
     buffers = sum(b.numel() * (itemsize if b.is_floating_point() else b.element_size())
                   for b in model.buffers())
     acc = Acc(itemsize)
+    sizes = {"weights": 0, "buffers": buffers, "store": store, "params": []}
+    for p in params:  # model.parameters() gives a tied parameter once
+        size = itemsize if override is not None else p.element_size()
+        sizes["params"].append((p.numel(), size, size, bool(p.requires_grad)))
+        sizes["weights"] += p.numel() * size
     if shape is None:
         _tree_rows(model, acc, nn)
-        return acc, store, itemsize, buffers
+        return acc, sizes
 
     lazy = any(_is_lazy(p, nn) for p in model.parameters())
     target = copy.deepcopy(model) if lazy else model
@@ -214,7 +224,7 @@ def torch_pass(model, shape, override):
                 acc.own_params(i, own)
                 acc.rows[0].params += acc.rows[i].params
                 acc.rows[0].trainable_params += acc.rows[i].trainable_params
-    return acc, store, itemsize, buffers
+    return acc, sizes
 
 
 def _tree_rows(model, acc, nn) -> None:
