@@ -90,6 +90,7 @@ __all__ = [
     "loop",
     "manual_seed",
     "optim",
+    "precision",
     "save",
     "set_num_threads",
     "threads",
