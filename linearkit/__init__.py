@@ -5,7 +5,7 @@
 optimizers that match PyTorch. See README.md.
 """
 
-from . import functional, hooks, init, loop, optim
+from . import functional, hooks, init, loop, optim, precision
 from .anomaly import detect_anomaly
 from .checkpointing import Checkpoint, checkpoint, checkpoint_sequential
 from .errors import AnomalyError, BackwardError, DTypeError, FormatError, ShapeError
