@@ -9,6 +9,10 @@
 - ``surgery`` (:mod:`linearkit.experiments.surgery`): every ``linearkit.transforms`` transform on
   MLPs trained on MNIST-1D and scikit-learn's digits, measured beside the articles' claims;
   writes ``surgery.md`` to ``runs/surgery/`` (``--write-docs``: the repository's docs/).
+- ``precision`` (:mod:`linearkit.experiments.precision_exp`): the articles' half-precision claims
+  measured — fp16 gradient underflow against loss scaling, float16 accumulation, 16-bit
+  activation/gradient memory, accumulation that forgets to divide by k, checkpointing, the
+  float16 init pitfall; writes ``precision.md`` to ``runs/precision/`` (``--write-docs``: docs/).
 
 Experiment modules import matplotlib only when they draw, and are imported only when run.
 """
@@ -20,7 +24,7 @@ import importlib
 __all__ = ["EXPERIMENTS", "get", "main"]
 
 #: CLI name -> module under ``linearkit.experiments``.
-EXPERIMENTS = {"init-depth": "init_depth", "surgery": "surgery"}
+EXPERIMENTS = {"init-depth": "init_depth", "surgery": "surgery", "precision": "precision_exp"}
 
 
 def get(name: str):
