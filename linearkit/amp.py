@@ -232,7 +232,9 @@ class GradScaler:
             raise RuntimeError(
                 f"{_WHERE}.unscale_: called after step(optimizer) in this iteration; unscale_ "
                 "belongs between the backward and step (call update() to start the next one)")
-        inv = _f32(1.0 / scale)                      # torch: float32(1 / float64(S))
+        # torch: float32(1 / float64(S)); a scale backed off to 0 gives inf (as torch's
+        # reciprocal does), so every gradient is non-finite and the step is skipped again.
+        inv = _f32(1.0 / scale) if scale else np.float32(np.inf)
         found = False
         for p in _params(optimizer):
             g = p.grad

@@ -467,3 +467,32 @@ def test_bfloat16_inf_is_found_and_the_step_skipped():
     scaler.update()
     assert not p.data.any() and scaler.get_scale() == 2.0
     assert p.grad.dtype == ml_dtypes.bfloat16 and float(p.grad[0]) == 0.25   # in place
+
+
+def test_a_scale_backed_off_to_zero_keeps_skipping_like_torch():
+    """After enough non-finite steps the scale underflows to 0: torch's reciprocal is then inf,
+    every step is skipped, and nothing raises; ours does the same (it once divided by zero)."""
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    layer = lk.Linear(3, 2)
+    before = layer.weight.data.copy()
+    opt = lk.optim.SGD(layer.parameters(), lr=0.1)
+    ours = lk.amp.GradScaler(init_scale=2.0 ** -148)
+    ref = torch.amp.GradScaler("cpu", init_scale=2.0 ** -148)
+    t_layer = torch.nn.Linear(3, 2)
+    t_opt = torch.optim.SGD(t_layer.parameters(), lr=0.1)
+    for _ in range(4):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            _, back = layer.vjp(np.ones((1, 3), np.float32))
+            back(np.full((1, 2), ours.scale(np.float32(np.inf)), np.float32))
+            ours.step(opt)
+        ours.update()
+        opt.zero_grad()
+        ref.scale(t_layer(torch.ones(1, 3)).sum() * float("inf")).backward()
+        ref.step(t_opt)
+        ref.update()
+        t_opt.zero_grad()
+        assert ours.get_scale() == ref.get_scale()
+    assert ours.get_scale() == 0.0 and np.array_equal(layer.weight.data, before)
