@@ -66,3 +66,12 @@ def test_dtype_limits_and_errors():
         dtype_limits(np.int8)
     with pytest.raises(TypeError, match="linearkit Module"):
         range_check(object(), _x())
+
+
+def test_a_running_statistic_beyond_the_dtype_is_flagged():
+    """A BatchNorm's running variance of 1e10 is fine in float32 and inf in float16 storage:
+    the model trains, then scores at chance in eval mode."""
+    model = lk.Sequential(lk.Linear(8, 4), lk.BatchNorm1d(4)).eval()
+    model[1].running_var[:] = 1e10
+    report = range_check(model, _x(), np.float16)
+    assert report.first_problem.path == "1" and report.first_problem.flag == "overflow"

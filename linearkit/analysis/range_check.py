@@ -3,7 +3,8 @@
 The articles' advice after switching precision (004 §6.2) — "run one forward and print each
 layer's output range" — done for the user: one forward on a copy of the model (so BatchNorm's
 running statistics and the random streams of the original are untouched), and for every layer
-the largest |value| of its output and parameters, and the fraction of its nonzero outputs that
+the largest |value| of its output, parameters and buffers (a BatchNorm's running variance of
+1e10 is inf once stored in float16), and the fraction of its nonzero outputs that
 fall below the dtype's smallest normal number (they lose precision as subnormals, and those below
 half the smallest subnormal round to zero), flagged against the dtype's limits with the layer's
 path:
@@ -59,7 +60,8 @@ def dtype_limits(dtype) -> tuple[np.dtype, float, float, float]:
 class RangeRow:
     """One layer: its output's ``max_abs``, the fraction of nonzero output values below the
     smallest normal (``subnormal``) and of those that round to zero (``flushed``), the largest
-    |parameter| of the layer itself (``param_max_abs``, 0 without parameters), and ``flag``:
+    |value| among the layer's own parameters and float buffers (``param_max_abs``: weights,
+    BatchNorm's running statistics; 0 without any), and ``flag``:
     '' | 'headroom' | 'underflow' | 'overflow'."""
 
     path: str
@@ -165,8 +167,10 @@ def range_check(model, x, dtype=np.float16, *, headroom: float = 16.0,
         if not isinstance(y, np.ndarray) or id(m) not in paths:
             return
         max_abs, subnormal, flushed = _stats(y, normal, tiny)
-        own = [np.abs(np.asarray(p.data, dtype=np.float64)).max()
-               for p in m.parameters(recurse=False) if p.data.size]
+        arrays = [p.data for p in m.parameters(recurse=False)]
+        arrays += [b for _, b in m.named_buffers(recurse=False)
+                   if isinstance(b, np.ndarray) and b.dtype.kind in "fV"]  # running stats
+        own = [np.abs(np.asarray(a, dtype=np.float64)).max() for a in arrays if a.size]
         param_max = float(max(own)) if own else 0.0
         flag = ""
         if max_abs > top or param_max > top:
