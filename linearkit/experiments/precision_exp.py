@@ -521,6 +521,8 @@ def init_pitfall(data, cfg: Config) -> dict:
         "path": problem.path, "type": problem.type, "flag": problem.flag,
         "max_abs": problem.max_abs}
     out["flags"] = {r.path: r.flag for r in report.rows if r.flag}
+    out["norm_flags"] = [r.path for r in report.rows
+                         if r.type.startswith("BatchNorm") and r.flag == "overflow"]
     # the plain float16 run: weights and saved activations in float16, no loss scaling
     model = pitfall_model(std, seed).to(np.float16)
     opt, loss_fn = Adam(model.parameters(), lr=1e-2), CrossEntropyLoss()

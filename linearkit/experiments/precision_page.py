@@ -460,9 +460,14 @@ def _pitfall(result) -> list[str]:
                    "float16 with the other buffers and becomes inf, so the model in eval mode "
                    "is broken "
                    f"({_pct(f32act['accuracy'])}) although its training loss "
-                   f"({f32act['final_loss']:.3g}) looks fine. `range_check` checks outputs and "
-                   "parameters, not buffers; its `headroom` flag on the Linear feeding the "
-                   "BatchNorm is the hint."), ""]
+                   f"({f32act['final_loss']:.3g}) looks fine. "
+                   + (f"`range_check` caught this one too, before training: it checks each "
+                      f"layer's buffers, and the BatchNorm's running variance after its one "
+                      f"forward already overflows float16 (layer "
+                      f"{', '.join(repr(p) for p in s['norm_flags'])} in the table above)."
+                      if s.get("norm_flags") else
+                      "`range_check`'s `headroom` flag on the Linear feeding the BatchNorm is "
+                      "the hint.")), ""]
     return lines
 
 
