@@ -50,11 +50,11 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import numpy as np
 
 from .._render import markdown_table, text_table
+from .pages import repo_docs
 
 __all__ = ["INITS", "Config", "Result", "Run", "build_mlp", "main", "make_task", "run"]
 
@@ -377,13 +377,6 @@ def run(out_dir=DEFAULT_OUT_DIR, quick: bool = False, seed: int = 0, *,
 
 
 # ---------------------------------------------------------------------------- CLI
-def repo_docs() -> Path | None:
-    """The ``docs/`` folder of the source checkout linearkit runs from, or None (installed)."""
-    root = Path(__file__).resolve().parents[2]
-    docs = root / "docs"
-    return docs if (root / "pyproject.toml").is_file() and docs.is_dir() else None
-
-
 def main(argv: list[str] | None = None) -> int:
     """``linearkit experiment init-depth [--quick] [--out-dir DIR | --write-docs | --no-write]
     [--seed N] [--epochs N]``. Every argument is checked before training; a mistake is one line

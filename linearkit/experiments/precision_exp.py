@@ -18,14 +18,14 @@ from __future__ import annotations
 import gc
 import itertools
 import os
-import sys
 import time
 import tracemalloc
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
+
+from .pages import machine_info
 
 __all__ = ["Config", "main", "run"]
 
@@ -570,12 +570,6 @@ def init_pitfall(data, cfg: Config) -> dict:
 
 
 # ---------------------------------------------------------------- the run
-def _machine() -> dict:
-    from .surgery import _machine as machine
-
-    return machine()
-
-
 def run(out_dir=DEFAULT_OUT_DIR, *, quick: bool = False, seed: int = 42,
         config: Config | None = None, write: bool = True, log=print) -> Result:
     """Measure every section and write the page (unless ``write`` is False); returns the
@@ -596,7 +590,7 @@ def run(out_dir=DEFAULT_OUT_DIR, *, quick: bool = False, seed: int = 42,
 def _measure(cfg: Config, log) -> Result:
     from ..data import mnist1d
 
-    result = Result(cfg, _machine())
+    result = Result(cfg, machine_info())
     data = mnist1d()
     steps = [("loss_scaling", lambda: loss_scaling(data, cfg)),
              ("dot", lambda: dot_accumulation(cfg)),
@@ -615,48 +609,14 @@ def _measure(cfg: Config, log) -> Result:
 def main(argv: list[str] | None = None) -> int:
     """``linearkit experiment precision [--quick] [--out-dir DIR | --write-docs | --no-write]
     [--seed N]``; a mistake is one line on stderr and exit status 2."""
-    from .._args import Parser, UsageError, check_writable_dir, int_at_least
-    from .init_depth import repo_docs
+    from .pages import parse_page_args
 
-    parser = Parser(prog="linearkit experiment precision",
-                    description="Measure the articles' half-precision claims on MNIST-1D and "
-                                "synthetic arrays (fp16 gradient underflow and loss scaling, "
-                                "float16 accumulation, 16-bit memory, gradient accumulation, "
-                                "checkpointing, the float16 init pitfall); write the page.")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny smoke version (seconds); writes precision_quick.md")
-    parser.add_argument("--out-dir", dest="out_dir", default=None, metavar="DIR",
-                        help=f"folder for the page (default: {DEFAULT_OUT_DIR})")
-    parser.add_argument("--write-docs", action="store_true",
-                        help="regenerate the repository's docs/precision.md (full run, from a "
-                             "source checkout)")
-    parser.add_argument("--no-write", action="store_true", help="measure and print only")
-    parser.add_argument("--seed", type=int_at_least(0), default=42,
-                        help="weights and batches (42: the MNIST-1D recipe's)")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["precision"]:
-        argv = argv[1:]
-    args = parser.parse_args(argv)
-    out_dir = DEFAULT_OUT_DIR if args.out_dir is None else args.out_dir
-    try:
-        if args.write_docs:
-            if args.out_dir is not None or args.no_write or args.quick:
-                raise UsageError("--write-docs writes the full page into the repository's "
-                                 "docs/; drop --out-dir/--no-write/--quick")
-            out_dir = repo_docs()
-            if out_dir is None:
-                raise UsageError("--write-docs needs a source checkout of linearkit; use "
-                                 "--out-dir DIR")
-        if not args.no_write:
-            check_writable_dir(str(out_dir))
-        try:
-            import ml_dtypes  # noqa: F401
-        except ImportError:
-            raise UsageError('the bfloat16 runs need ml_dtypes: pip install '
-                             '"linearkit[cli]"') from None
-    except UsageError as exc:
-        parser.error(str(exc))
-    run(Path(out_dir), quick=args.quick, seed=args.seed, write=not args.no_write)
+    args, out_dir = parse_page_args(
+        "precision", "Measure the articles' half-precision claims on MNIST-1D and synthetic "
+        "arrays (fp16 gradient underflow and loss scaling, float16 accumulation, 16-bit memory, "
+        "gradient accumulation, checkpointing, the float16 init pitfall); write the page.",
+        "precision.md", DEFAULT_OUT_DIR, 42, argv, needs=[("ml_dtypes", "cli")])
+    run(out_dir, quick=args.quick, seed=args.seed, write=not args.no_write)
     return 0
 
 

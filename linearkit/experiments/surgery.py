@@ -13,14 +13,13 @@ comes from one ``run``; nothing is typed in by hand.
 from __future__ import annotations
 
 import os
-import platform
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
+
+from .pages import machine_info
 
 __all__ = ["Config", "main", "run"]
 
@@ -337,21 +336,6 @@ def _copy(model):
     return copy.deepcopy(model)
 
 
-def _machine() -> dict:
-    info = {"python": platform.python_version(), "numpy": np.__version__,
-            "cpus": os.cpu_count(), "load": os.getloadavg()[0]}
-    try:
-        from threadpoolctl import threadpool_info
-
-        blas = [p for p in threadpool_info() if p.get("user_api") == "blas"]
-        if blas:
-            info["blas"] = (f"{blas[0].get('internal_api')} {blas[0].get('version')} "
-                            f"({blas[0].get('architecture')} kernel)")
-    except ImportError:
-        pass
-    return info
-
-
 def run(out_dir=DEFAULT_OUT_DIR, *, quick: bool = False, seed: int = 0, config: Config | None = None,
         write: bool = True, log=print) -> Result:
     """Train the two base models, measure every section, write the page (unless ``write`` is
@@ -370,7 +354,7 @@ def run(out_dir=DEFAULT_OUT_DIR, *, quick: bool = False, seed: int = 0, config: 
 
 
 def _measure(cfg: Config, log) -> Result:
-    result = Result(cfg, _machine())
+    result = Result(cfg, machine_info())
     tasks = _datasets(cfg.seed)
     for task in tasks:
         rng = np.random.default_rng(cfg.seed)
@@ -406,46 +390,14 @@ def _measure(cfg: Config, log) -> Result:
 def main(argv: list[str] | None = None) -> int:
     """``linearkit experiment surgery [--quick] [--out-dir DIR | --write-docs | --no-write]
     [--seed N]``; a mistake is one line on stderr and exit status 2."""
-    from .._args import Parser, UsageError, check_writable_dir, int_at_least
-    from .init_depth import repo_docs
+    from .pages import parse_page_args
 
-    parser = Parser(prog="linearkit experiment surgery",
-                    description="Train MLPs on MNIST-1D and digits, apply every transform "
-                                "(factorize, int8, fold, merge, QKV, prune/sparse, LoRA), "
-                                "measure them against the articles' claims, write the page.")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny smoke version (seconds); writes surgery_quick.md")
-    parser.add_argument("--out-dir", dest="out_dir", default=None, metavar="DIR",
-                        help=f"folder for the page (default: {DEFAULT_OUT_DIR})")
-    parser.add_argument("--write-docs", action="store_true",
-                        help="regenerate the repository's docs/surgery.md (full run, from a "
-                             "source checkout)")
-    parser.add_argument("--no-write", action="store_true", help="measure and print only")
-    parser.add_argument("--seed", type=int_at_least(0), default=0, help="weights and batches")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["surgery"]:
-        argv = argv[1:]
-    args = parser.parse_args(argv)
-    out_dir = DEFAULT_OUT_DIR if args.out_dir is None else args.out_dir
-    try:
-        if args.write_docs:
-            if args.out_dir is not None or args.no_write or args.quick:
-                raise UsageError("--write-docs writes the full page into the repository's "
-                                 "docs/; drop --out-dir/--no-write/--quick")
-            out_dir = repo_docs()
-            if out_dir is None:
-                raise UsageError("--write-docs needs a source checkout of linearkit; use "
-                                 "--out-dir DIR")
-        if not args.no_write:
-            check_writable_dir(str(out_dir))
-        try:
-            import sklearn  # noqa: F401
-        except ImportError:
-            raise UsageError('the digits task needs scikit-learn: pip install '
-                             '"linearkit[sklearn]"') from None
-    except UsageError as exc:
-        parser.error(str(exc))
-    run(Path(out_dir), quick=args.quick, seed=args.seed, write=not args.no_write)
+    args, out_dir = parse_page_args(
+        "surgery", "Train MLPs on MNIST-1D and digits, apply every transform (factorize, int8, "
+        "fold, merge, QKV, prune/sparse, LoRA), measure them against the articles' claims, "
+        "write the page.", "surgery.md", DEFAULT_OUT_DIR, 0, argv,
+        needs=[("sklearn", "sklearn"), ("scipy", "sparse"), ("safetensors", "cli")])
+    run(out_dir, quick=args.quick, seed=args.seed, write=not args.no_write)
     return 0
 
 
