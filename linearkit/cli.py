@@ -1,5 +1,5 @@
 """The ``linearkit`` command: ``train`` (the main job), ``ledger``, ``inspect``, ``convert``,
-``compress``, ``gradcheck``, ``experiment``.
+``compress``, ``gradcheck``, ``sweep``, ``experiment``.
 
 Every argument is checked before any work starts. Exit status: 0 success; 1 a failed check
 (``gradcheck``) or an internal error; 2 a user error, always ONE line on stderr, never a
@@ -264,6 +264,66 @@ def _gradcheck(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _size_list(text: str) -> list[int]:
+    """``--batches`` / ``--dims``: distinct comma-separated integers >= 1, like 1,2,4,8."""
+    pieces = text.split(",")
+    bad = [q for q in pieces if not q.strip().isdigit() or int(q) < 1]
+    if bad:
+        reason = ("a piece is empty" if any(not q.strip() for q in bad)
+                  else f"{bad[0].strip()!r} is not an integer >= 1")
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, like "
+                                          f"1,2,4,8; got {text!r}: {reason}")
+    values = [int(q) for q in pieces]
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"a value is repeated in {text!r}; give each once")
+    return values
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .sweep import batch_sweep, dim_sweep, powers_of_two
+
+    if args.plot is not None:
+        if not args.plot.lower().endswith(".png"):
+            raise UsageError(f"--plot {args.plot}: the plot is a PNG; name a file ending in .png")
+        check_writable_file(args.plot, "--plot")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            from .sweep_plot import MISSING
+
+            raise UsageError(MISSING) from None
+    if args.dims is not None and args.batches is not None:
+        raise UsageError("--dims compares widths at one --batch; --batches is for the batch "
+                         "sweep: give one of them")
+    threads_ = args.threads if isinstance(args.threads, int) else None
+    dtype = np.dtype(args.dtype)
+    try:
+        if args.dims is not None:
+            result = dim_sweep(args.dims, args.batch, dtype=dtype, backward=args.backward,
+                               repeats=args.repeats, threads=threads_)
+        else:
+            batches = args.batches or powers_of_two(args.max_batch)
+            result = batch_sweep(args.in_features, args.out_features, batches, dtype=dtype,
+                                 backward=args.backward, repeats=args.repeats, threads=threads_)
+    except ImportError as exc:  # --threads N without threadpoolctl
+        raise UsageError(str(exc)) from None
+    if args.plot is not None:
+        from .sweep_plot import plot_sweep
+
+        plot_sweep(result, args.plot)
+    if args.json:
+        record = result.to_dict()
+        record["plot"] = args.plot
+        _print_json(record)
+        return 0
+    print(result.table())
+    if args.plot is not None:
+        print(f"plot written to {args.plot}")
+    return 0
+
+
 def _experiment(args: argparse.Namespace) -> int:
     from . import experiments
 
@@ -379,6 +439,41 @@ def build_parser() -> argparse.ArgumentParser:
         "gradcheck", help="self-check: every shipped module's backward vs central differences",
         description="Every shipped module's backward against float64 central differences.")
     check.set_defaults(run=_gradcheck)
+
+    sweep = commands.add_parser(
+        "sweep", help="throughput and latency of a Linear against batch size, or across widths",
+        description="Time Linear(IN, OUT) forward (and with --backward forward+backward) at "
+                    "batch sizes 1, 2, 4, ... --max-batch: latency (ms per call), throughput "
+                    "(samples/s) and the knee (the smallest batch reaching 90%% of the best "
+                    "throughput). With --dims, time square layers Linear(d, d) of those widths "
+                    "at one --batch instead (e.g. 250,256,1000,1024).")
+    sweep.add_argument("--in-features", type=int_at_least(1), default=1024,
+                       help="the layer's input width")
+    sweep.add_argument("--out-features", type=int_at_least(1), default=1024,
+                       help="the layer's output width")
+    sweep.add_argument("--dtype", choices=["float32", "float64", "float16"], default="float32",
+                       help="the layer's and the input's dtype")
+    batches = sweep.add_mutually_exclusive_group()
+    batches.add_argument("--max-batch", type=int_at_least(1), default=256,
+                         help="sweep the powers of two up to this batch")
+    batches.add_argument("--batches", type=_size_list, default=None,
+                         help="the batch sizes to sweep instead, e.g. 1,8,32,100")
+    sweep.add_argument("--dims", type=_size_list, default=None,
+                       help="compare square layers of these widths at --batch instead of "
+                            "sweeping the batch, e.g. 250,256,1000,1024")
+    sweep.add_argument("--batch", type=int_at_least(1), default=64,
+                       help="the batch size of the --dims comparison")
+    sweep.add_argument("--backward", action="store_true",
+                       help="also time forward+backward (zero_grad, vjp, backward)")
+    sweep.add_argument("--repeats", type=int_at_least(1), default=7,
+                       help="timed samples per point (the median is shown)")
+    sweep.add_argument("--threads", type=threads, default="auto",
+                       help="BLAS threads: a number >= 1, or auto (also 'default') for "
+                            "linearkit's policy (docs/threads.md)")
+    sweep.add_argument("--plot", default=None, metavar="FILE.png",
+                       help="also draw the sweep into this PNG (needs matplotlib)")
+    sweep.add_argument("--json", action="store_true", help="print one JSON object")
+    sweep.set_defaults(run=_sweep)
 
     experiment = commands.add_parser(
         "experiment", help="reproduce an experiment (init-depth)",
