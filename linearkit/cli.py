@@ -12,6 +12,7 @@ traceback and a last line saying it is a bug, with status 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -60,6 +61,40 @@ def _need_cli_extra(command: str) -> None:
                          f'pip install "linearkit[cli]"') from None
 
 
+@contextlib.contextmanager
+def _ctrl_c_between_steps(progress):
+    """Ctrl-C during training stops it at the end of the current step (KeyboardInterrupt raised
+    from the progress callback), never in the middle of a library call: an interrupt landing
+    inside tqdm's lock or a BLAS call could otherwise leave a lock held and the process hung. A
+    second Ctrl-C interrupts at once. Yields the per-step callback to pass to ``train``."""
+    import signal
+    import threading
+
+    pressed = threading.Event()
+
+    def on_sigint(signum, frame):
+        pressed.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second press: at once
+
+    def each_step(step, loss, test_acc):
+        if pressed.is_set():
+            raise KeyboardInterrupt
+        if progress is not None:
+            progress(step, loss, test_acc)
+
+    try:
+        previous = signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:  # not the main thread (an embedding caller): interrupts as before
+        yield each_step
+        return
+    try:
+        yield each_step
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed.is_set():
+        raise KeyboardInterrupt  # pressed after the last step: still an interrupted run
+
+
 def _train(args: argparse.Namespace) -> int:
     from .data import mnist1d
     from .io import save
@@ -102,10 +137,11 @@ def _train(args: argparse.Namespace) -> int:
                     print(f"step {step:>6}  loss {loss:.4f}  test accuracy {test_acc:.1%}")
 
     try:
-        model, result = train(args.model, hidden=args.hidden, steps=args.steps, lr=args.lr,
-                              batch_size=args.batch_size, seed=args.seed,
-                              eval_every=args.eval_every, progress=progress, dataset=data,
-                              threads=args.threads, precision=args.precision)
+        with _ctrl_c_between_steps(progress) as each_step:
+            model, result = train(args.model, hidden=args.hidden, steps=args.steps, lr=args.lr,
+                                  batch_size=args.batch_size, seed=args.seed,
+                                  eval_every=args.eval_every, progress=each_step, dataset=data,
+                                  threads=args.threads, precision=args.precision)
     finally:
         if bar is not None:
             bar.leave = not sys.exc_info()[0]  # interrupted: clear the bar, keep one line
