@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import precision
-from .flat import FlatState, flat_state
+from .flat import FlatState, flat_state, fused_adam
 from .optimizer import Optimizer, StateKeys
 
 __all__ = ["Adam", "AdamW", "adam_direction", "adam_step"]
@@ -174,7 +174,7 @@ class Adam(Optimizer):
                  "eps": float(group["eps"]), "weight_decay": float(group["weight_decay"]),
                  "maximize": group["maximize"], "decoupled_weight_decay": self._decoupled}
         keys = _KEYS_AMSGRAD if group["amsgrad"] else _KEYS
-        live = list(self._trainable(group))
+        live = [*self._trainable(group)]  # not list(): its lists refill the freelist slowly
         flat = flat_state(self, group, live, keys)
         if flat is not None:
             self._update_flat(flat, [p for p, _ in live], keys, hyper)
@@ -208,6 +208,8 @@ class Adam(Optimizer):
         for p in params:
             self.state[p]["step"] = t
         g = flat.adopt_grads(params)
+        if fused_adam(flat, params, keys, t, hyper):  # linearkit.fast, when numba is there
+            return
         # what each step is applied to: p.data, or a 16-bit parameter's float32 master
         targets = [self._master(p, self.state[p]) if p.data.itemsize == 2 else p.data
                    for p in params] if flat.mixed else [p.data for p in params]

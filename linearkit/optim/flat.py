@@ -21,7 +21,9 @@ from itertools import pairwise
 
 import numpy as np
 
-__all__ = ["FlatState", "flat_state"]
+from .. import fast
+
+__all__ = ["FlatState", "flat_state", "fused_adam"]
 
 
 class FlatState:
@@ -107,6 +109,31 @@ class FlatState:
             for p, view in zip(params, self.grad_views):
                 p.grad = view  # not zeroed: the next add_grad adds into it
         return flat
+
+
+def fused_adam(flat: FlatState, params: list, keys: tuple, step: int, hyper: dict) -> bool:
+    """Step the group with the compiled one-pass kernel (``linearkit.fast``) when it can.
+
+    Returns False, having touched nothing, for a mixed-precision group, a dtype other than
+    float32/float64, a ``p.data`` not C-contiguous or reshaped since the packing, numba absent or ``LINEARKIT_FAST=0``: the
+    caller then runs the NumPy path. The kernel gives the NumPy path's bits (tests/test_fast.py).
+    Call it after the step counts are set and the gradients adopted (``adopt_grads``).
+    """
+    if flat.mixed or not fast.supports(flat.buffers["grad"].dtype) or not fast.enabled():
+        return False
+    dtype = flat.buffers["grad"].dtype
+    for p, shape in zip(params, flat.shapes):  # the kernel has no bounds checks: shapes match
+        d = p.data
+        if not (d.flags.c_contiguous and d.dtype == dtype and d.shape == shape):
+            return False
+    kernels = fast.kernels()    # numba is imported here, on the first step that can use it
+    if kernels is None:
+        return False
+    views = flat.views
+    vmax = views[keys[2]] if len(keys) == 3 else None
+    kernels.adam_flat(params, flat.grad_views, views[keys[0]], views[keys[1]], vmax, step=step,
+                      **hyper, scratch=flat.__dict__.setdefault("_scratch", {}))
+    return True
 
 
 def flat_state(opt, group: dict, live: list, keys: tuple) -> FlatState | None:

@@ -1,0 +1,59 @@
+"""Optional compiled kernels (numba), loaded lazily: the ``linearkit[fast]`` extra.
+
+Each kernel replaces a NumPy sequence with one pass and gives the same bits (tests/test_fast.py
+runs both on the same inputs). The NumPy path is used when numba is not installed, for dtypes a
+kernel does not cover, and whenever the environment sets ``LINEARKIT_FAST=0``.
+
+``import linearkit`` never imports numba: the kernels' module (and numba with it, ~0.3 s) is
+imported the first time a caller asks for it, typically the first optimizer step. Kernels are
+compiled with numba's on-disk cache, so a second process reloads them instead of recompiling.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+
+__all__ = ["available", "enabled", "kernels", "supports"]
+
+_FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
+_loaded = None       # the adam_kernel module once imported, False when the import failed
+
+
+def enabled() -> bool:
+    """False when the environment sets ``LINEARKIT_FAST=0`` (read at every call)."""
+    return os.environ.get("LINEARKIT_FAST", "1").strip() != "0"
+
+
+def available() -> bool:
+    """True when the kernels can be used: enabled and numba installed (imports nothing)."""
+    if not enabled() or _loaded is False:
+        return False
+    if _loaded is not None:
+        return True
+    try:
+        return importlib.util.find_spec("numba") is not None
+    except (ImportError, ValueError):    # ValueError: sys.modules['numba'] is None
+        return False
+
+
+def kernels():
+    """The kernels' module (imported on first call, numba with it), or None (NumPy path)."""
+    global _loaded
+    if not enabled():
+        return None
+    if _loaded is None:
+        try:
+            from . import adam_kernel
+        except ImportError:      # numba absent or broken: the NumPy path, for good
+            _loaded = False
+        else:
+            _loaded = adam_kernel
+    return _loaded or None
+
+
+def supports(dtype) -> bool:
+    """Whether the kernels cover this compute dtype (float32 and float64)."""
+    return dtype == _FLOAT32 or dtype == _FLOAT64

@@ -1,0 +1,101 @@
+"""One-pass Adam/AdamW over flat arrays, compiled by numba (imported only by ``fast.kernels()``).
+
+``adam_direction`` + ``param += update`` (linearkit/optim/adam.py) make about 13 passes over the
+arrays with temporaries; ``adam`` makes one. Every operation is the NumPy path's, in its order, on
+scalars already rounded to the arrays' dtype as NumPy rounds a Python float (NEP 50), and with
+``fastmath=False`` (no contraction into FMA, no reassociation): the same bits.
+``error_model="numpy"`` lets the loop vectorize (division by zero gives inf/nan, as NumPy does).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+__all__ = ["adam_flat"]
+
+_JIT = {"cache": True, "error_model": "numpy", "fastmath": False, "nogil": True}
+
+
+@numba.njit(cache=True, error_model="numpy", fastmath=False, inline="always")
+def _moments(g, p, m, v, maximize, l2, wd, decay, w, beta2, one_minus_beta2):
+    """One element's gradient (penalized) and moments, in ``adam_direction``'s order."""
+    if maximize:
+        g = -g
+    if decay:                           # AdamW: p *= 1 - lr * weight_decay
+        p = p * wd
+    elif l2:                            # Adam's L2 penalty: g = g + weight_decay * p
+        g = g + wd * p
+    diff = g - m
+    m = m + diff * w if w > 0 else g + diff * w     # _lerp_: w is weight or weight - 1
+    v = v * beta2
+    v = v + one_minus_beta2 * g * g
+    return p, m, v
+
+
+@numba.njit(**_JIT)
+def _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, flags, scalars):
+    maximize, l2, decay = flags[1], flags[2], flags[3]
+    wd, w, beta2, one_minus_beta2 = scalars[0], scalars[1], scalars[2], scalars[3]
+    bc2_sqrt, eps, neg_step_size = scalars[4], scalars[5], scalars[6]
+    n = param.size                      # any shape, C-contiguous: one flat loop
+    param, grad, exp_avg = param.reshape(n), grad.reshape(n), exp_avg.reshape(n)
+    exp_avg_sq = exp_avg_sq.reshape(n)
+    if flags[0]:                        # AMSGrad (a separate loop: no aliasing to check)
+        max_exp_avg_sq = max_exp_avg_sq.reshape(n)
+        for i in range(n):
+            p, m, v = _moments(grad[i], param[i], exp_avg[i], exp_avg_sq[i], maximize, l2, wd,
+                               decay, w, beta2, one_minus_beta2)
+            exp_avg[i], exp_avg_sq[i] = m, v
+            vm = max_exp_avg_sq[i]
+            if not np.isnan(vm) and not vm >= v:     # np.maximum: nan wins
+                vm = v
+            max_exp_avg_sq[i] = vm
+            param[i] = p + m * neg_step_size / (np.sqrt(vm) / bc2_sqrt + eps)
+    else:
+        for i in range(n):
+            p, m, v = _moments(grad[i], param[i], exp_avg[i], exp_avg_sq[i], maximize, l2, wd,
+                               decay, w, beta2, one_minus_beta2)
+            exp_avg[i], exp_avg_sq[i] = m, v
+            param[i] = p + m * neg_step_size / (np.sqrt(v) / bc2_sqrt + eps)
+
+
+def _array(p):
+    """A Parameter's ``.data`` (read at call time), or the array itself."""
+    return p if isinstance(p, np.ndarray) else p.data
+
+
+def adam_flat(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *, step, lr, beta1, beta2,
+              eps, weight_decay=0.0, maximize=False, decoupled_weight_decay=False, scratch=None):
+    """``adam_step`` on each ``(param, grad, m, v[, v_max])``, one pass each.
+
+    ``params`` holds arrays or Parameters (their ``.data`` is stepped, read at call time).
+    The arrays of one parameter share its shape and are C-contiguous; all share one dtype (float32 or float64); ``max_exp_avg_sqs`` is None without AMSGrad.
+    The hyperparameters are Python floats, rounded here to the dtype exactly as NumPy rounds them.
+    ``scratch`` (a dict the caller keeps) holds the two small arrays that carry them into the
+    kernel, so that a step allocates nothing.
+    """
+    dtype = _array(params[0]).dtype
+    scratch = {} if scratch is None else scratch
+    bufs = scratch.get(dtype)
+    if bufs is None:
+        bufs = scratch[dtype] = (np.zeros(4, np.bool_), np.zeros(7, dtype))
+    flags, scalars = bufs
+    lr, beta1, beta2 = float(lr), float(beta1), float(beta2)
+    eps, weight_decay = float(eps), float(weight_decay)
+    weight = 1.0 - beta1
+    lerp_small = weight < 0.5
+    decay = weight_decay != 0 and decoupled_weight_decay
+    amsgrad = max_exp_avg_sqs is not None
+    flags[0], flags[1] = amsgrad, bool(maximize)
+    flags[2], flags[3] = weight_decay != 0 and not decoupled_weight_decay, decay
+    # each Python float rounded to the dtype by assignment, as NumPy rounds it (NEP 50)
+    scalars[0] = 1.0 - lr * weight_decay if decay else weight_decay
+    scalars[1] = weight if lerp_small else weight - 1.0
+    scalars[2], scalars[3] = beta2, 1.0 - beta2
+    scalars[4] = (1.0 - beta2 ** step) ** 0.5
+    scalars[5], scalars[6] = eps, -(lr / (1.0 - beta1 ** step))
+    for i, p in enumerate(params):
+        p = _array(p)
+        vmax = max_exp_avg_sqs[i] if amsgrad else p    # unread without AMSGrad
+        _adam(p, grads[i], exp_avgs[i], exp_avg_sqs[i], vmax, flags, scalars)
