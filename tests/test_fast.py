@@ -153,3 +153,44 @@ def test_numba_is_imported_on_the_first_step():
     pytest.importorskip("numba", reason="the fused kernels need numba (linearkit[fast])")
     out = _subprocess(None)
     assert out["before"] is False and out["after"] is True
+
+
+SGD_OPTIONS = [{"momentum": 0.9}, {"momentum": 0.9, "dampening": 0.1, "weight_decay": 0.01},
+               {"momentum": 0.8, "nesterov": True, "weight_decay": 0.1},
+               {"momentum": 0.5, "maximize": True}]
+
+
+def _train_sgd(dtype, kwargs, steps=12):
+    rng = np.random.default_rng(5)
+    params = [lk.Parameter(rng.standard_normal(s).astype(dtype)) for s in SHAPES]
+    opt = optim.SGD(params, lr=0.05, **kwargs)
+    for step in range(steps):
+        for i, p in enumerate(params):
+            p.grad = (np.sin(3.0 * p.data) + 0.05 * step * (i + 1)).astype(dtype)
+        opt.step()
+    return [p.data.copy() for p in params] + [opt.state[p]["momentum_buffer"].copy()
+                                              for p in params]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kwargs", SGD_OPTIONS)
+def test_fused_sgd_momentum_is_bitwise_the_numpy_path(monkeypatch, kwargs, dtype):
+    pytest.importorskip("numba", reason="the fused kernels need numba (linearkit[fast])")
+    monkeypatch.setenv("LINEARKIT_FAST", "0")
+    plain = _train_sgd(dtype, kwargs)
+    monkeypatch.delenv("LINEARKIT_FAST")
+    kernels = fast.kernels()
+    calls = []
+    real = kernels.sgd_momentum
+    monkeypatch.setattr(kernels, "sgd_momentum", lambda *a, **k: calls.append(1) or real(*a, **k))
+    fused = _train_sgd(dtype, kwargs)
+    assert len(calls) == 11 * len(SHAPES)          # every step after the buffer's first
+    for a, b in zip(plain, fused):
+        assert a.dtype == b.dtype == dtype
+        assert a.tobytes() == b.tobytes()
+
+
+def test_sgd_linearkit_fast_0_in_a_subprocess_gives_the_same_numbers():
+    off = _subprocess("0", "SGD", {"momentum": 0.9, "nesterov": True, "weight_decay": 0.1})
+    here = _subprocess(None, "SGD", {"momentum": 0.9, "nesterov": True, "weight_decay": 0.1})
+    assert off["after"] is False and off["arrays"] == here["arrays"]

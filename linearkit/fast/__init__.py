@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import types
 
 import numpy as np
 
 __all__ = ["available", "enabled", "kernels", "supports"]
 
 _FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
-_loaded = None       # the adam_kernel module once imported, False when the import failed
+_loaded = None       # the kernels (a namespace) once imported, False when the import failed
 
 
 def enabled() -> bool:
@@ -40,17 +41,18 @@ def available() -> bool:
 
 
 def kernels():
-    """The kernels' module (imported on first call, numba with it), or None (NumPy path)."""
+    """The kernels (``adam_flat``, ``sgd_momentum``; numba imported on the first call), or None."""
     global _loaded
     if not enabled():
         return None
     if _loaded is None:
         try:
-            from . import adam_kernel
+            from . import adam_kernel, sgd_kernel
         except ImportError:      # numba absent or broken: the NumPy path, for good
             _loaded = False
         else:
-            _loaded = adam_kernel
+            _loaded = types.SimpleNamespace(adam_flat=adam_kernel.adam_flat,
+                                            sgd_momentum=sgd_kernel.sgd_momentum)
     return _loaded or None
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import fast
 
-__all__ = ["FlatState", "flat_state", "fused_adam"]
+__all__ = ["FlatState", "flat_state", "fused_adam", "fused_sgd"]
 
 
 class FlatState:
@@ -133,6 +133,39 @@ def fused_adam(flat: FlatState, params: list, keys: tuple, step: int, hyper: dic
     vmax = views[keys[2]] if len(keys) == 3 else None
     kernels.adam_flat(params, flat.grad_views, views[keys[0]], views[keys[1]], vmax, step=step,
                       **hyper, scratch=flat.__dict__.setdefault("_scratch", {}))
+    return True
+
+
+def fused_sgd(opt, p, grad: np.ndarray, group: dict) -> bool:
+    """SGD's momentum step for one parameter through the compiled kernel, when it can.
+
+    Returns False, having touched nothing, unless ``p`` has a momentum buffer already (the
+    first step copies the gradient, in NumPy), ``p.data``, ``grad`` and the buffer share one
+    shape and dtype (float32/float64: never a 16-bit parameter) and are C-contiguous, numba
+    imports and ``LINEARKIT_FAST`` is not 0. Same bits as the NumPy path (tests/test_fast.py).
+    """
+    data = p.data
+    dtype = data.dtype
+    if not fast.supports(dtype) or not fast.enabled():
+        return False
+    entry = opt.state.get(p)
+    buf = entry.get("momentum_buffer") if entry is not None else None
+    if buf is None or "master_param" in entry:
+        return False
+    for a in (data, grad, buf):
+        if not (a.dtype == dtype and a.shape == data.shape and a.flags.c_contiguous):
+            return False
+    if buf is grad or buf is data or grad is data:
+        return False
+    kernels = fast.kernels()
+    if kernels is None:
+        return False
+    kernels.sgd_momentum(data, grad, buf, lr=float(group["lr"]),
+                         momentum=float(group["momentum"]),
+                         dampening=float(group["dampening"]),
+                         weight_decay=float(group["weight_decay"]), nesterov=group["nesterov"],
+                         maximize=group["maximize"],
+                         scratch=opt.__dict__.setdefault("_fast_scratch", {}))
     return True
 
 

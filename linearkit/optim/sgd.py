@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .flat import fused_sgd
 from .optimizer import Optimizer, StateKeys
 
 __all__ = ["SGD"]
@@ -57,6 +58,8 @@ class SGD(Optimizer):
         dampening, weight_decay = float(group["dampening"]), float(group["weight_decay"])
         nesterov, maximize = group["nesterov"], group["maximize"]
         for p, grad in self._trainable(group):
+            if momentum != 0 and fused_sgd(self, p, grad, group):  # linearkit.fast: one pass
+                continue
             low = p.data.itemsize == 2  # 16-bit: step the float32 master, round into p.data
             if low:
                 data = self._master(p, self.state.setdefault(p, {}))
