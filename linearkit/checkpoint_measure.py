@@ -10,8 +10,6 @@ the median step time. The docs page's script calls it; timing is a measurement, 
 from __future__ import annotations
 
 import gc
-import statistics
-import time
 import tracemalloc
 
 import numpy as np
@@ -74,16 +72,6 @@ def step_peak_bytes(model: Module, x: np.ndarray) -> int:
         model.zero_grad()
 
 
-def _median_step_time(model: Module, x: np.ndarray, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        _step(model, x)
-        times.append(time.perf_counter() - start)
-    model.zero_grad()
-    return statistics.median(times)
-
-
 def measure_checkpointing(depth: int = 8, width: int = 1024, batch: int = 256,
                           segments: int | None = None, repeats: int = 5,
                           block: str = "mlp") -> dict:
@@ -107,6 +95,7 @@ def measure_checkpointing(depth: int = 8, width: int = 1024, batch: int = 256,
         ``saved_ledger`` = ledger_plain - ledger_ckpt, ``time_ratio`` = time_ckpt / time_plain.
     """
     from .analysis import ledger
+    from .timing import same_run_seconds
 
     plain = deep_mlp(depth, width, block)
     ckpt = checkpoint_sequential(plain, depth if segments is None else segments)
@@ -115,12 +104,13 @@ def measure_checkpointing(depth: int = 8, width: int = 1024, batch: int = 256,
     for name, model in (("plain", plain), ("ckpt", ckpt)):
         out[f"ledger_{name}"] = ledger(model, x.shape, optimizer="sgd",
                                        rank_check=False).memory["activations"]
-    times: dict = {"plain": [], "ckpt": []}
-    for _ in range(repeats):
-        for name, model in (("plain", plain), ("ckpt", ckpt)):
-            times[name].append(_median_step_time(model, x, 1))
-    for name, measured in times.items():
-        out[f"time_{name}"] = statistics.median(measured) if repeats else None
+    if repeats:  # one step each per round, interleaved (timing.same_run_seconds)
+        out["time_plain"], out["time_ckpt"] = same_run_seconds(
+            [lambda: _step(plain, x), lambda: _step(ckpt, x)], repeats=repeats, min_seconds=0)
+        plain.zero_grad()
+        ckpt.zero_grad()
+    else:
+        out["time_plain"] = out["time_ckpt"] = None
     out["saved_measured"] = out["peak_plain"] - out["peak_ckpt"]
     out["saved_ledger"] = out["ledger_plain"] - out["ledger_ckpt"]
     out["time_ratio"] = out["time_ckpt"] / out["time_plain"] if repeats else None

@@ -1,7 +1,7 @@
 """``linearkit sweep``: throughput and latency of one ``Linear`` against batch size and width.
 
 Two measurements, both on this machine and timed with
-:func:`linearkit.transforms.timing.same_run_seconds` (medians of ``repeats`` samples, every
+:func:`linearkit.timing.same_run_seconds` (medians of ``repeats`` samples, every
 candidate timed once per round, so a change in the machine's load hits them all alike):
 
 - :func:`batch_sweep` — ``Linear(in_features, out_features)`` at batch sizes ``1, 2, 4, …``:
@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ._render import text_table
-from .transforms.timing import same_run_seconds
+from .timing import same_run_seconds
 
 __all__ = ["KNEE_FRACTION", "SweepResult", "SweepRow", "batch_sweep", "dim_sweep",
            "find_knee", "powers_of_two"]

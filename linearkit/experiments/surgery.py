@@ -199,8 +199,8 @@ def fold_and_merge(task: Task, cfg: Config) -> dict:
     """A model with a BatchNorm1d and a Linear-Dropout-Linear head, trained, then folded and
     merged: exactness, parameters, FLOPs and latency before and after."""
     from ..analysis import ledger
+    from ..timing import same_run_seconds
     from ..transforms import fold_norm, merge_linear
-    from ..transforms.timing import same_run_seconds
 
     rng = np.random.default_rng(cfg.seed)
     n_in, classes = task.x_train.shape[1], int(task.y_train.max()) + 1

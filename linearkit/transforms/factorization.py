@@ -27,8 +27,8 @@ import numpy as np
 from ..layers import Linear, Sequential
 from ..module import Module
 from ..rules import rule_for
+from ..timing import same_run_seconds
 from .report import TransformReport
-from .timing import same_run_seconds
 from .walk import copy_model, finish, linear_from, named, select_linears, set_submodule
 
 # rank_sweep and RankSweep (sweep.py) are importable from here too (module __getattr__).

@@ -19,8 +19,8 @@ import numpy as np
 
 from ..layers import Linear
 from ..threads import get_num_threads
+from ..timing import same_run_seconds
 from .factorization import factorize
-from .timing import same_run_seconds
 
 __all__ = ["CLAIM", "measure_factorization_claim"]
 

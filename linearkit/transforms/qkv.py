@@ -168,7 +168,7 @@ def time_qkv(d: int, batch: int, repeats: int = 7, *, threads: int | None = None
     BLAS thread count for the run, or None for linearkit's adaptive policy (which may give the
     fused GEMM more threads than three smaller ones; see ``linearkit.threads``)."""
     from ..threads import num_threads
-    from .timing import same_run_seconds
+    from ..timing import same_run_seconds
 
     rng = np.random.default_rng(seed)
     q, k, v = (Linear(d, d, rng=rng) for _ in range(3))

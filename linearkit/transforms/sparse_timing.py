@@ -15,8 +15,8 @@ import numpy as np
 
 from ..layers import Linear
 from ..layers.sparse import SparseLinear
+from ..timing import same_run_seconds
 from .pruning import prune_weight
-from .timing import same_run_seconds
 
 __all__ = ["sparse_vs_dense"]
 

@@ -18,9 +18,9 @@ from ..loop import evaluate, step
 from ..losses import CrossEntropyLoss
 from ..module import Module
 from ..optim import Adam
+from ..timing import same_run_seconds
 from .factorization import NAME, check_choice, factorize_with
 from .report import _human, evaluating, state_size
-from .timing import same_run_seconds
 from .walk import copy_model, select_linears
 
 __all__ = ["RankSweep", "default_ranks", "rank_sweep"]

@@ -1,6 +1,6 @@
-"""Wall-clock timing for the transforms' measured speed-ups (``factorize``'s report, the
-surgery page): medians of repeats, the candidates interleaved so that a change in the machine's
-load hits all of them alike and their ratio stays honest."""
+"""Wall-clock timing for the measurements the library reports (``factorize``'s speed-ups,
+``linearkit sweep``, the docs pages): medians of repeats, the candidates interleaved so that a
+change in the machine's load hits all of them alike and their ratio stays honest."""
 
 from __future__ import annotations
 
