@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["machine_info", "parse_page_args", "repo_docs"]
+__all__ = ["machine_info", "parse_page_args", "repo_docs", "run_page"]
 
 
 def repo_docs() -> Path | None:
@@ -87,3 +87,21 @@ def parse_page_args(name: str, description: str, page: str, default_out_dir: str
     except UsageError as exc:
         parser.error(str(exc))
     return args, Path(out_dir)
+
+
+def run_page(cfg, measure, render, page: str, out_dir, write: bool, log) -> object:
+    """``measure(cfg, log)`` on ``cfg.threads`` BLAS threads (fixed, so no ratio depends on the
+    adaptive policy's choice of the moment), then, unless ``write`` is False, ``render(result)``
+    written to ``out_dir/page`` (``<stem>_quick.md`` for a quick config). Returns the result."""
+    from ..threads import num_threads
+
+    with num_threads(cfg.threads):
+        result = measure(cfg, log)
+    if write:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        stem = page.rsplit(".", 1)[0]
+        path = out / (f"{stem}_quick.md" if cfg.quick_run else page)
+        path.write_text(render(result), encoding="utf-8")
+        log(f"wrote {path}")
+    return result

@@ -574,17 +574,11 @@ def run(out_dir=DEFAULT_OUT_DIR, *, quick: bool = False, seed: int = 42,
         config: Config | None = None, write: bool = True, log=print) -> Result:
     """Measure every section and write the page (unless ``write`` is False); returns the
     :class:`Result`."""
-    from ..threads import num_threads
+    from .pages import run_page
+    from .precision_page import render_page
 
     cfg = config or (Config.quick(seed) if quick else Config(seed=seed))
-    with num_threads(cfg.threads):  # fixed, so no ratio depends on the adaptive policy's choice
-        result = _measure(cfg, log)
-    if write:
-        from .precision_page import write_page
-
-        for path in write_page(result, out_dir, cfg.quick_run):
-            log(f"wrote {path}")
-    return result
+    return run_page(cfg, _measure, render_page, "precision.md", out_dir, write, log)
 
 
 def _measure(cfg: Config, log) -> Result:

@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from .._render import markdown_table
 
-__all__ = ["render_page", "write_page"]
+__all__ = ["render_page"]
 
 
-def write_page(result, out_dir, quick: bool) -> list[str]:
-    """Write ``precision.md`` (``precision_quick.md`` for a quick run) under ``out_dir``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    page = out / ("precision_quick.md" if quick else "precision.md")
-    page.write_text(render_page(result), encoding="utf-8")
-    return [str(page)]
-
-
-# ---------------------------------------------------------------- formatting
 def _pct(x, digits: int = 1) -> str:
     return f"{100 * x:.{digits}f}%"
 

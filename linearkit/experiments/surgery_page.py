@@ -2,20 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from .._render import markdown_table
 
-__all__ = ["render_page", "write_page"]
-
-
-def write_page(result, out_dir, quick: bool) -> list[str]:
-    """Write ``surgery.md`` (``surgery_quick.md`` for a quick run) under ``out_dir``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    page = out / ("surgery_quick.md" if quick else "surgery.md")
-    page.write_text(render_page(result), encoding="utf-8")
-    return [str(page)]
+__all__ = ["render_page"]
 
 
 def _kib(n) -> str:
