@@ -169,6 +169,12 @@ def _input_grad_16bit(dy, weight):
 # Rows of a one-row dW formed per block when accumulating: the block stays in cache and no
 # gradient-sized temporary (page faults on every call for a large layer) is allocated.
 _OUTER_BLOCK = 64
+# A one-row dW of at most this many bytes is accumulated directly (``out += dyᵀ x``, one
+# temporary): below glibc's default mmap threshold (128 KiB) the temporary comes from the heap
+# without page faults, and the block loop's slicing costs more than it saves. Measured
+# (float32, one row, median of 9, interleaved): Linear(16,16) 5.7 -> 2.7 us, 128x128 28.7 ->
+# 16.7 us, 256x256 (256 KiB) 45.5 vs 47.0 (even), 1024x1024 1107 vs 1522 (the blocks win).
+_OUTER_DIRECT_BYTES = 1 << 17
 
 
 def linear_weight_grad(dy: np.ndarray, x: np.ndarray, out: np.ndarray | None = None,
@@ -187,6 +193,9 @@ def linear_weight_grad(dy: np.ndarray, x: np.ndarray, out: np.ndarray | None = N
             return np.multiply(column, x2)
         if not accumulate:
             return np.multiply(column, x2, out=out)
+        if out.nbytes <= _OUTER_DIRECT_BYTES:
+            out += column * x2
+            return out
         block = np.empty((min(_OUTER_BLOCK, out.shape[0]), x2.shape[1]), out.dtype)
         for start in range(0, out.shape[0], _OUTER_BLOCK):
             rows = out[start:start + _OUTER_BLOCK]
