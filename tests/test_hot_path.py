@@ -87,39 +87,3 @@ def test_bias_grad_into_non_contiguous_out():
     F.linear_bias_grad(dy, buf[:, 0])
     np.testing.assert_array_equal(buf[:, 0], F.linear_bias_grad(dy))
     assert not buf[:, 1].any()
-
-
-@pytest.mark.parametrize("options", [
-    {}, {"weight_decay": 0.1}, {"amsgrad": True, "maximize": True}, {"betas": (0.3, 0.99)},
-])
-@pytest.mark.parametrize("cls", ["Adam", "AdamW"])
-def test_flat_numpy_adam_in_chunks_is_bitwise_adam_step(monkeypatch, cls, options):
-    """The flat NumPy path (chunked, scratch buffers) against ``adam_step`` on each parameter,
-    on a group larger than several chunks (a parameter straddles a chunk boundary)."""
-    import linearkit as lk
-    from linearkit.optim import adam as adam_module
-
-    monkeypatch.setenv("LINEARKIT_FAST", "0")
-    monkeypatch.setattr(adam_module, "_CHUNK", 1000)
-    rng = np.random.default_rng(3)
-    shapes = [(37, 61), (5,), (40, 50), (7,)]
-    params = [lk.Parameter(rng.standard_normal(s).astype(np.float32)) for s in shapes]
-    refs = [p.data.copy() for p in params]
-    opt = getattr(lk.optim, cls)(params, lr=0.01, **options)
-    group = opt.param_groups[0]
-    beta1, beta2 = group["betas"]
-    moments = [[np.zeros_like(r) for _ in range(3)] for r in refs]
-    for step in (1, 2, 3):
-        grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-        for p, g in zip(params, grads):
-            p.grad = g.copy()
-        opt.step()
-        for r, g, (m, v, vmax) in zip(refs, grads, moments):
-            adam_module.adam_step(r, g, m, v, vmax if group["amsgrad"] else None, step=step,
-                                  lr=0.01, beta1=beta1, beta2=beta2, eps=group["eps"],
-                                  weight_decay=group["weight_decay"],
-                                  maximize=group["maximize"],
-                                  decoupled_weight_decay=cls == "AdamW")
-        assert opt._flat, "the group stepped through the flat path"
-        for p, r in zip(params, refs):
-            np.testing.assert_array_equal(p.data, r)

@@ -95,55 +95,6 @@ def adam_step(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, exp_avg_
                             maximize=maximize, decoupled_weight_decay=decoupled_weight_decay)
 
 
-# Elements per chunk of the flat NumPy path: its dozen ufuncs run chunk by chunk, so each
-# chunk's moments, gradient and temporaries stay in cache between them (64K float32: 256 KiB
-# per array). Measured on the 784-256-256-10 MLP's 269k parameters (float32, median of 7):
-# the direction 901 us whole, 1092 / 878 / 769 / 727 us in chunks of 8K / 16K / 32K / 64K.
-_CHUNK = 1 << 16
-
-
-def _adam_direction_into(grad, param, exp_avg, exp_avg_sq, max_exp_avg_sq=None, *, scratch,
-                         step, lr, beta1, beta2, eps, weight_decay=0.0, maximize=False,
-                         decoupled_weight_decay=False) -> np.ndarray:
-    """``adam_direction`` with its temporaries in ``scratch`` (two arrays shaped like ``grad``).
-
-    The same ufuncs on the same operands in the same order (so the same bits, checked by
-    tests/test_hot_path.py), each writing into one of the two scratch arrays instead of a fresh
-    one: the flat path allocates nothing per step (it allocated five arrays of the group's size)
-    and its working set stays at the moments, the gradient and two buffers. Returns the update,
-    which lives in ``scratch[0]`` until the next call.
-    """
-    a, b = scratch
-    lr, eps, weight_decay = float(lr), float(eps), float(weight_decay)
-    beta1, beta2 = float(beta1), float(beta2)
-    g = np.negative(grad, out=b) if maximize else grad
-    if weight_decay != 0 and not decoupled_weight_decay:
-        g = np.add(g, np.multiply(param, weight_decay, out=a), out=b)
-    weight = 1.0 - beta1                      # _lerp_(exp_avg, g, weight), into a
-    diff = np.subtract(g, exp_avg, out=a)
-    if weight < 0.5:
-        diff *= weight
-        exp_avg += diff
-    else:
-        diff *= weight - 1.0
-        np.add(g, diff, out=exp_avg)
-    v = exp_avg_sq
-    v *= beta2
-    sq = np.multiply(g, 1.0 - beta2, out=a)   # (1 - beta2) * g * g, left to right
-    sq *= g
-    v += sq
-    step_size = lr / (1.0 - beta1 ** step)
-    bias_correction2_sqrt = (1.0 - beta2 ** step) ** 0.5
-    if max_exp_avg_sq is not None:
-        v = np.maximum(max_exp_avg_sq, v, out=max_exp_avg_sq)
-    denom = np.sqrt(v, out=b)                 # g (in b, if it was there) is no longer needed
-    denom /= bias_correction2_sqrt
-    denom += eps
-    update = np.multiply(exp_avg, -step_size, out=a)
-    update /= denom
-    return update
-
-
 def _lerp_(start: np.ndarray, end: np.ndarray, weight: float) -> None:
     """``start += weight * (end - start)`` in place, with PyTorch's formula for each weight."""
     diff = end - start
@@ -252,8 +203,6 @@ class Adam(Optimizer):
         """The whole group in a handful of ufunc calls over contiguous arrays.
 
         Elementwise math in the same order as ``adam_step`` on each parameter, so the same bits.
-        Without the compiled kernel: in chunks of ``_CHUNK`` elements (cache-sized), into two
-        buffers kept on ``flat`` (the update, shape (N,), and one chunk's temporary).
         """
         t = self.state[params[0]]["step"] + 1
         for p in params:
@@ -272,18 +221,7 @@ class Adam(Optimizer):
                     target *= 1.0 - lr * weight_decay
             else:
                 data = flat.gather(targets, into="data")
-        scratch = flat.__dict__.get("_numpy_scratch")
-        if scratch is None:  # the update (N,) and one chunk's second temporary
-            scratch = flat._numpy_scratch = (np.empty_like(g), np.empty(min(len(g), _CHUNK),
-                                                                         g.dtype))
-        update, tmp = scratch
-        states = [flat.arrays[k] for k in keys]
-        for start in range(0, len(g), _CHUNK):
-            part = slice(start, start + _CHUNK)
-            n = len(update[part])
-            _adam_direction_into(g[part], None if data is None else data[part],
-                                 *(a[part] for a in states), scratch=(update[part], tmp[:n]),
-                                 step=t, **hyper)
+        update = adam_direction(g, data, *(flat.arrays[k] for k in keys), step=t, **hyper)
         for target, u in zip(targets, flat.split(update)):
             target += u
         if flat.mixed:
