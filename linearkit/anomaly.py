@@ -95,29 +95,14 @@ def first_nonfinite_kept(backward, stop=None) -> str | None:
     forward). A 16-bit kept copy names its dtype and the policy that made it.
     """
     from . import precision
-    from .module import Module, Parameter
+    from ._closures import kept_arrays
 
-    seen: set[int] = set()
-    stack = [backward]
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, Module | Parameter):
+    for obj in kept_arrays(backward, stop):
+        if obj.itemsize != 2 or not precision.is_16bit(obj.dtype):
             continue
-        seen.add(id(obj))
-        if isinstance(obj, np.ndarray):
-            if obj.itemsize != 2 or not precision.is_16bit(obj.dtype):
-                continue
-            problem = _describe(obj, f"an array kept for the backward ({obj.dtype})")
-            if problem is not None:
-                return problem + _kept_hint(obj)
-        elif callable(obj) and getattr(obj, "__closure__", None):
-            if stop is not None and getattr(obj, "__code__", None) is stop:
-                continue
-            stack.extend(c.cell_contents for c in obj.__closure__ if _filled(c))
-        elif isinstance(obj, list | tuple | set):
-            stack.extend(obj)
-        elif isinstance(obj, dict):
-            stack.extend(obj.values())
+        problem = _describe(obj, f"an array kept for the backward ({obj.dtype})")
+        if problem is not None:
+            return problem + _kept_hint(obj)
     return None
 
 
@@ -148,12 +133,3 @@ def check_kept(module, backward, stop=None) -> None:
         err = AnomalyError(f"detect_anomaly: forward {problem}", module=module)
         err.locate(module)
         raise err
-
-
-def _filled(cell) -> bool:
-    """False for a closure cell whose variable was never assigned."""
-    try:
-        _ = cell.cell_contents
-    except ValueError:
-        return False
-    return True

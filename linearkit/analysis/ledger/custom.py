@@ -14,8 +14,8 @@ import numpy as np
 
 from ... import hooks
 from ... import precision as P
+from ..._closures import kept_arrays
 from ...errors import _Located
-from ...module import Module, Parameter
 from .linearkit_layers import add_note, describe, fill_row, rule_for
 
 __all__ = ["run_custom"]
@@ -131,32 +131,10 @@ def _recorder(clone):
 def _closure_arrays(fn, exclude=frozenset()) -> list[np.ndarray]:
     """The distinct arrays (by underlying buffer) a closure keeps alive, parameters excluded."""
     found: dict[int, np.ndarray] = {}
-    seen: set[int] = set()
-    stack = [fn]
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, Module | Parameter):
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, np.ndarray):
-            root = obj
-            while isinstance(root.base, np.ndarray):
-                root = root.base
-            if id(root) not in exclude and id(obj) not in exclude:
-                found[id(root)] = root
-        elif callable(obj) and getattr(obj, "__closure__", None):
-            stack.extend(c.cell_contents for c in obj.__closure__ if _filled(c))
-        elif isinstance(obj, list | tuple | set):
-            stack.extend(obj)
-        elif isinstance(obj, dict):
-            stack.extend(obj.values())
+    for obj in kept_arrays(fn):
+        root = obj
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        if id(root) not in exclude and id(obj) not in exclude:
+            found[id(root)] = root
     return list(found.values())
-
-
-def _filled(cell) -> bool:
-    """False for a closure cell whose variable was never assigned."""
-    try:
-        _ = cell.cell_contents
-    except ValueError:
-        return False
-    return True
