@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..analysis.ledger.report import human_bytes
 from ..errors import ShapeError
 from ..module import Module
 
@@ -56,8 +57,8 @@ class TransformReport:
         if self.left:
             edits += f", {len(self.left)} left"
         return (f"{self.transform}: {edits}; params {self.params_before:,} -> "
-                f"{self.params_after:,}, {_human(self.bytes_before)} -> "
-                f"{_human(self.bytes_after)}; max abs error {self.max_abs_error:.3g}, "
+                f"{self.params_after:,}, {human_bytes(self.bytes_before)} -> "
+                f"{human_bytes(self.bytes_after)}; max abs error {self.max_abs_error:.3g}, "
                 f"max rel error {self.max_rel_error:.3g}")
 
     def __str__(self) -> str:
@@ -65,14 +66,6 @@ class TransformReport:
         lines += [f"  changed {line}" for line in self.changed]
         lines += [f"  left    {line}" for line in self.left]
         return "\n".join(lines)
-
-
-def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
 
 
 def state_size(model: Module) -> tuple[int, int]:

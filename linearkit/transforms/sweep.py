@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..analysis.ledger.report import human_bytes
 from ..loop import evaluate, step
 from ..losses import CrossEntropyLoss
 from ..module import Module
 from ..optim import Adam
 from ..timing import same_run_seconds
 from .factorization import NAME, check_choice, factorize_with
-from .report import _human, evaluating, state_size
+from .report import evaluating, state_size
 from .walk import copy_model, select_linears
 
 __all__ = ["RankSweep", "default_ranks", "rank_sweep"]
@@ -58,7 +59,7 @@ class RankSweep:
             ("energy kept", lambda r: "-" if r["energy_kept"] is None
              else f"{r['energy_kept']:.1%}"),
             ("params", lambda r: f"{r['params']:,}"),
-            ("size", lambda r: _human(r["bytes"])),
+            ("size", lambda r: human_bytes(r["bytes"])),
             ("accuracy", lambda r: f"{r['accuracy']:.1%}"),
             ("loss", lambda r: f"{r['loss']:.4f}"),
             ("output error", lambda r: f"{r['output_error']:.2g}"),
