@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["machine_info", "parse_page_args", "repo_docs", "run_page"]
+__all__ = ["machine_info", "measure_sections", "parse_page_args", "repo_docs", "run_page"]
 
 
 def repo_docs() -> Path | None:
@@ -105,3 +105,14 @@ def run_page(cfg, measure, render, page: str, out_dir, write: bool, log) -> obje
         path.write_text(render(result), encoding="utf-8")
         log(f"wrote {path}")
     return result
+
+
+def measure_sections(steps, sections: dict, log) -> None:
+    """Run each ``(name, measure)`` of ``steps`` in order into ``sections[name]``, logging how
+    long each took."""
+    import time
+
+    for name, measure in steps:
+        start = time.perf_counter()
+        sections[name] = measure()
+        log(f"{name}: {time.perf_counter() - start:.1f} s")

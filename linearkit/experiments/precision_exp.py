@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .pages import machine_info
+from .pages import machine_info, measure_sections
 
 __all__ = ["Config", "main", "run"]
 
@@ -592,10 +592,7 @@ def _measure(cfg: Config, log) -> Result:
              ("accumulation", lambda: accumulation(data, cfg)),
              ("checkpointing", lambda: checkpointing(cfg)),
              ("pitfall", lambda: init_pitfall(data, cfg))]
-    for name, measure in steps:
-        start = time.perf_counter()
-        result.sections[name] = measure()
-        log(f"{name}: {time.perf_counter() - start:.1f} s")
+    measure_sections(steps, result.sections, log)
     result.machine["load_after"] = os.getloadavg()[0]
     return result
 

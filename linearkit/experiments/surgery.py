@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .pages import machine_info
+from .pages import machine_info, measure_sections
 
 __all__ = ["Config", "main", "run"]
 
@@ -372,10 +372,7 @@ def _measure(cfg: Config, log) -> Result:
         ("pruning", lambda: [row for t in tasks for row in pruning(t, cfg)]),
         ("lora", lambda: lora(mnist, cfg)),
     ]
-    for name, measure in steps:
-        start = time.perf_counter()
-        result.sections[name] = measure()
-        log(f"{name}: {time.perf_counter() - start:.1f} s")
+    measure_sections(steps, result.sections, log)
     result.sections["quarter"] = quarter_claim(result.sections["factorization"])
     result.machine["load_after"] = os.getloadavg()[0]
     return result
