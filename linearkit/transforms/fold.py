@@ -22,7 +22,7 @@ import numpy as np
 from ..layers import BatchNorm1d, LayerNorm, Linear
 from ..module import Module
 from ..rules import rule_for
-from .merge import edit_chains, join
+from .merge import _as_float64, bias_through, edit_chains, join
 from .walk import copy_model, finish, linear_from, lists, named
 
 __all__ = ["fold_batchnorm_weights", "fold_layernorm_weights", "fold_norm"]
@@ -30,8 +30,6 @@ __all__ = ["fold_batchnorm_weights", "fold_layernorm_weights", "fold_norm"]
 NAME = "fold_norm"
 
 
-def _f64(a) -> np.ndarray:
-    return np.asarray(a, dtype=np.float64)
 
 
 def _out_dtype(w: np.ndarray) -> np.dtype:
@@ -96,11 +94,11 @@ def fold_batchnorm_weights(linear_w, linear_b, bn_rm, bn_rv, bn_eps, bn_w, bn_b)
             raise ValueError(f"{name} is None: a BatchNorm without running statistics "
                              "normalizes with each batch's own and has no fixed affine map")
         _check_vector(name, v, n, what)
-    scale = (np.ones(n) if bn_w is None else _f64(bn_w)) / np.sqrt(_f64(bn_rv) + bn_eps)
-    w = _f64(linear_w) * scale[:, None]
-    b = ((0.0 if linear_b is None else _f64(linear_b)) - _f64(bn_rm)) * scale
+    scale = (np.ones(n) if bn_w is None else _as_float64(bn_w)) / np.sqrt(_as_float64(bn_rv) + bn_eps)
+    w = _as_float64(linear_w) * scale[:, None]
+    b = ((0.0 if linear_b is None else _as_float64(linear_b)) - _as_float64(bn_rm)) * scale
     if bn_b is not None:
-        b = b + _f64(bn_b)
+        b = b + _as_float64(bn_b)
     dtype = _out_dtype(linear_w)
     return w.astype(dtype), b.astype(dtype)
 
@@ -149,15 +147,11 @@ def fold_layernorm_weights(ln_w, ln_b, linear_w, linear_b):
     _check_vector("ln_w", ln_w, n_in, "the Linear's in_features")
     _check_vector("ln_b", ln_b, n_in, "the Linear's in_features")
     _check_vector("linear_b", linear_b, n_out, "the Linear's out_features")
-    w64 = _f64(linear_w)
-    w = w64 if ln_w is None else w64 * _f64(ln_w)[None, :]
+    w64 = _as_float64(linear_w)
+    w = w64 if ln_w is None else w64 * _as_float64(ln_w)[None, :]
     dtype = _out_dtype(linear_w)
-    if ln_b is None and linear_b is None:
-        return w.astype(dtype), None
-    b = np.zeros(n_out) if ln_b is None else w64 @ _f64(ln_b)
-    if linear_b is not None:
-        b = b + _f64(linear_b)
-    return w.astype(dtype), b.astype(dtype)
+    b = bias_through(w64, ln_b, linear_b)  # the LayerNorm's beta through W, plus the bias
+    return w.astype(dtype), None if b is None else b.astype(dtype)
 
 
 # ---------------------------------------------------------------- the module tier
@@ -243,7 +237,7 @@ class _Folder:
         if bn.running_mean is not None:
             # BN(z + b) with running mean m equals BN(z) with running mean m - b, in eval; in
             # training the batch mean moves by b too, and the running update keeps the shift.
-            bn.running_mean[...] = (_f64(bn.running_mean) - _f64(b)).astype(bn.dtype)
+            bn.running_mean[...] = (_as_float64(bn.running_mean) - _as_float64(b)).astype(bn.dtype)
         new = _rebuilt(lin, lin.weight.data, None)
         shifted = " and shifted into its running_mean" if bn.running_mean is not None else ""
         self.changed.append(
@@ -251,7 +245,7 @@ class _Folder:
             f"mean, the bias included, so it cancels the bias exactly in training and in eval "
             f"(params {lin.out_features:,} fewer)")
         self.layers.append({"path": pa, "folded": pb, "kind": "batchnorm_bias",
-                            "bias_removed": float(np.abs(_f64(b)).max()) if b.size else 0.0,
+                            "bias_removed": float(np.abs(_as_float64(b)).max()) if b.size else 0.0,
                             "params_before": _size(lin), "params_after": _size(new)})
         return new, False
 
@@ -297,7 +291,7 @@ class _Folder:
                              f"{ln.normalized_shape}, not the Linear's {lin.out_features} "
                              "outputs")
             return None
-        b = _f64(lin.bias.data)
+        b = _as_float64(lin.bias.data)
         mean = float(b.mean()) if b.size else 0.0
         if mean == 0.0:
             return None

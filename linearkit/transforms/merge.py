@@ -37,6 +37,15 @@ def _as_float64(a) -> np.ndarray:
     return np.asarray(a, dtype=np.float64)
 
 
+def bias_through(w2_64: np.ndarray, b1, b2) -> np.ndarray | None:
+    """``W2 @ b1 + b2`` in float64: the bias of an affine map ``b1`` followed by ``(W2, b2)``
+    (``w2_64`` float64 ``(out, mid)``; a missing bias counts as zeros; None when both are)."""
+    if b1 is None and b2 is None:
+        return None
+    b = np.zeros(w2_64.shape[0]) if b1 is None else w2_64 @ _as_float64(b1)
+    return b if b2 is None else b + _as_float64(b2)
+
+
 def merge_weights(w1, b1, w2, b2):
     """Two affine maps ``y = (x W1ᵀ + b1) W2ᵀ + b2`` as one: ``(W, b)`` with ``y = x Wᵀ + b``.
 
@@ -103,12 +112,8 @@ def merge_weights(w1, b1, w2, b2):
     dtype = w1.dtype if np.issubdtype(w1.dtype, np.floating) else np.dtype(np.float64)
     w2_64 = _as_float64(w2)
     w = w2_64 @ _as_float64(w1)
-    if b1 is None and b2 is None:
-        return w.astype(dtype), None
-    b = np.zeros(out2) if b1 is None else w2_64 @ _as_float64(b1)
-    if b2 is not None:
-        b = b + _as_float64(b2)
-    return w.astype(dtype), b.astype(dtype)
+    b = bias_through(w2_64, b1, b2)
+    return w.astype(dtype), None if b is None else b.astype(dtype)
 
 
 # ---------------------------------------------------------------- walking the chains
