@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..layers import Identity, Linear, ReLU, Sequential, Sigmoid, Softmax, Tanh
+from ..layers.linear import linear_from
 
 __all__ = ["from_sklearn", "predict_proba_like"]
 
@@ -143,19 +144,6 @@ def predict_proba_like(y: np.ndarray) -> np.ndarray:
     return y
 
 
-def _new_linear(weight, bias, dtype) -> Linear:
-    """A Linear holding ``weight (out, in)`` and ``bias (out,)`` (or None), copied to dtype."""
-    out_features, in_features = weight.shape
-    # A fixed rng for the init that is overwritten at once: converting leaves the library's
-    # random stream (linearkit.manual_seed) where it was.
-    layer = Linear(in_features, out_features, bias=bias is not None, dtype=dtype,
-                   rng=np.random.default_rng(0))
-    layer.weight.data[...] = weight
-    if bias is not None:
-        layer.bias.data[...] = bias
-    return layer
-
-
 def _mlp(estimator, kind: str, dtype) -> Sequential:
     hidden = _HIDDEN.get(estimator.activation)
     if hidden is None:
@@ -174,7 +162,7 @@ def _mlp(estimator, kind: str, dtype) -> Sequential:
         # scikit-learn computes x @ coefs_[i] with coefs_[i] (in, out); Linear computes
         # x @ weight.T with weight (out, in): the layout swap, done here, by name.
         weight = np.asarray(coef).T
-        layers.append(_new_linear(weight, np.asarray(intercept), dtype))
+        layers.append(linear_from(weight, np.asarray(intercept), dtype))
         if i != last:
             layers.append(hidden())
     out = _OUTPUT[estimator.out_activation_]
@@ -208,4 +196,4 @@ def _linear(coef, intercept, estimator, dtype) -> Linear:
     bias = None
     if getattr(estimator, "fit_intercept", True):
         bias = np.broadcast_to(np.asarray(intercept, dtype=np.float64).ravel(), weight.shape[:1])
-    return _new_linear(weight, bias, dtype)
+    return linear_from(weight, bias, dtype)

@@ -13,7 +13,7 @@ from ..module import Module, Parameter
 from ..random import resolve
 from ._checks import as_input, feature_count, float_dtype
 
-__all__ = ["Identity", "LazyLinear", "Linear"]
+__all__ = ["Identity", "LazyLinear", "Linear", "linear_from"]
 
 
 class Linear(Module):
@@ -195,6 +195,18 @@ class Linear(Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}")
+
+
+def linear_from(weight: np.ndarray, bias: np.ndarray | None, dtype) -> Linear:
+    """A ``Linear(in, out)`` holding ``weight (out, in)`` and ``bias (out,)`` (or none), cast to
+    ``dtype``. The init it overwrites draws from a fixed generator, so building one (a
+    conversion, a transform) leaves the library's random stream where it was."""
+    n_out, n_in = weight.shape
+    layer = Linear(n_in, n_out, bias=bias is not None, dtype=dtype, rng=np.random.default_rng(0))
+    layer.weight.data[...] = weight
+    if bias is not None:
+        layer.bias.data[...] = bias
+    return layer
 
 
 class LazyLinear(Linear):

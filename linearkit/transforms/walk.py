@@ -9,6 +9,7 @@ import fnmatch
 import numpy as np
 
 from ..layers import LazyLinear, Linear
+from ..layers.linear import linear_from
 from ..module import Module
 from ..rules import rule_for
 from .report import TransformReport, compare_models, probe_inputs, state_size
@@ -107,18 +108,6 @@ def set_submodule(root: Module, path: str, module: Module) -> Module:
     parent = dict(root.named_modules(remove_duplicate=False))[parent_path]
     parent.add_module(name, module)
     return root
-
-
-def linear_from(weight: np.ndarray, bias: np.ndarray | None, dtype) -> Linear:
-    """A ``Linear(in, out)`` holding ``weight (out, in)`` and ``bias (out,)`` (or none), cast to
-    ``dtype``; the library's random stream is not advanced."""
-    n_out, n_in = weight.shape
-    layer = Linear(n_in, n_out, bias=bias is not None, dtype=dtype,
-                   rng=np.random.default_rng(0))
-    layer.weight.data[...] = weight
-    if bias is not None:
-        layer.bias.data[...] = bias
-    return layer
 
 
 def finish(transform: str, old: Module, new: Module, probe, changed: list, left: list,
