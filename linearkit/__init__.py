@@ -80,6 +80,7 @@ __all__ = [
     "checkpoint_sequential",
     "data",
     "detect_anomaly",
+    "distributed",
     "functional",
     "get_num_threads",
     "hooks",
@@ -102,7 +103,8 @@ def __getattr__(name):
     # Heavier namespaces load on first use, so `import linearkit` stays fast and light.
     import importlib
 
-    if name in ("accumulation", "amp", "analysis", "data", "io", "rules", "transforms"):
+    if name in ("accumulation", "amp", "analysis", "data", "distributed", "io", "rules",
+                "transforms"):
         return importlib.import_module(f".{name}", __name__)
     if name == "load_model":
         from .io.model_file import load_model
