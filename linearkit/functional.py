@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from . import fast as _fast
 from . import precision as _precision
 from . import threads as _threads
 from .errors import DimError
@@ -193,6 +194,11 @@ def linear_weight_grad(dy: np.ndarray, x: np.ndarray, out: np.ndarray | None = N
             return np.multiply(column, x2)
         if not accumulate:
             return np.multiply(column, x2, out=out)
+        kernels = _fast.kernels() if _fast.supports(out.dtype) else None
+        if (kernels is not None and out.flags.c_contiguous and dy2.dtype == out.dtype
+                and x2.dtype == out.dtype):
+            kernels.outer_add_(out, dy2[0], x2[0])   # one pass, no temporary (same bits)
+            return out
         if out.nbytes <= _OUTER_DIRECT_BYTES:
             out += column * x2
             return out

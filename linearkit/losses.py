@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import fast
 from . import functional as F
 from .errors import DTypeError, ShapeError, _Located
 from .module import Module
@@ -250,6 +251,12 @@ class BCEWithLogitsLoss(_Loss):
 
         return loss, backward
 
+# The fused cross-entropy kernel makes one exp per element through libm (not vectorized) where
+# NumPy's exp is SIMD: it wins while call overheads dominate. Measured float32, C = 10:
+# 100 rows 19 vs 56-88 us (NumPy path), 512 rows 87 vs 136; C = 1000, 32 rows 349 vs 221.
+_FUSED_CE_MAX = 8192
+
+
 class CrossEntropyLoss(_Loss):
     """Cross-entropy between logits and class indices or class probabilities (PyTorch's).
 
@@ -395,6 +402,10 @@ class CrossEntropyLoss(_Loss):
         if m == 0 and self.reduction == "mean":
             raise self._empty_mean()
         eps = self.label_smoothing
+        if not probabilities and w is None and not eps and self.reduction != "none":
+            fused = self._fused(x, x2, target, c)
+            if fused is not None:
+                return fused
         logp = F.log_softmax(x2, -1)
 
         if probabilities:
@@ -477,6 +488,37 @@ class CrossEntropyLoss(_Loss):
                 return dx
             moved = dx.reshape(x.shape[:1] + x.shape[2:] + (c,))
             return np.ascontiguousarray(np.moveaxis(moved, -1, 1))
+
+        return loss, backward
+
+    def _fused(self, x, x2, target, c):
+        """The common case (integer targets all in range, none ignored, a scalar reduction) in
+        two compiled passes (``fast.softmax_ce_forward``/``_backward``); None when the
+        kernels cannot take it, and the NumPy path runs. Results are rounded once from float64
+        (the kernel's docstring), so they can differ from the NumPy path's by a few ulp."""
+        m = x2.shape[0]
+        if not (0 < m and x.ndim <= 2 and x2.size <= _FUSED_CE_MAX and x2.flags.c_contiguous
+                and fast.supports(x2.dtype)):
+            return None
+        t = target.reshape(-1)
+        lo, hi = int(t.min()), int(t.max())
+        if lo < 0 or hi >= c or lo <= self.ignore_index <= hi:
+            return None     # the NumPy path raises (or ignores) exactly as before
+        kernels = fast.kernels()
+        if kernels is None:
+            return None
+        t = t.astype(np.intp, copy=False)
+        exps = np.empty_like(x2)
+        row_sum, target_gap = np.empty(m), np.empty(m)
+        total = kernels.softmax_ce_forward(x2, t, exps, row_sum, target_gap)
+        mean = self.reduction == "mean"
+        loss = np.asarray(total / m if mean else total, dtype=x2.dtype)
+
+        def backward(dy=None):
+            scale = 1.0 if dy is None else float(dy)
+            kernels.softmax_ce_backward(exps, t, row_sum, target_gap,
+                                        scale / m if mean else scale, exps)
+            return exps.reshape(c) if x.ndim == 1 else exps
 
         return loss, backward
 

@@ -41,18 +41,25 @@ def available() -> bool:
 
 
 def kernels():
-    """The kernels (``adam_flat``, ``sgd_momentum``; numba imported on the first call), or None."""
+    """The kernels (numba imported on the first call), or None: ``adam_flat``, ``sgd_momentum``
+    (optim), ``bias_relu_``, ``relu_``, ``relu_backward_into`` (layers/fused.py), ``outer_add_``
+    (one-row dW), ``softmax_ce_forward``/``_backward`` (CrossEntropyLoss)."""
     global _loaded
     if not enabled():
         return None
     if _loaded is None:
         try:
-            from . import adam_kernel, sgd_kernel
+            from . import adam_kernel, elementwise_kernel, sgd_kernel, softmax_ce_kernel
         except ImportError:      # numba absent or broken: the NumPy path, for good
             _loaded = False
         else:
-            _loaded = types.SimpleNamespace(adam_flat=adam_kernel.adam_flat,
-                                            sgd_momentum=sgd_kernel.sgd_momentum)
+            _loaded = types.SimpleNamespace(
+                adam_flat=adam_kernel.adam_flat, sgd_momentum=sgd_kernel.sgd_momentum,
+                bias_relu_=elementwise_kernel.bias_relu_, relu_=elementwise_kernel.relu_,
+                relu_backward_into=elementwise_kernel.relu_backward_into,
+                outer_add_=elementwise_kernel.outer_add_,
+                softmax_ce_forward=softmax_ce_kernel.softmax_ce_forward,
+                softmax_ce_backward=softmax_ce_kernel.softmax_ce_backward)
     return _loaded or None
 
 
