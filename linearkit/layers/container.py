@@ -8,6 +8,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..module import Module
+from . import fused as _fused
 
 __all__ = ["Residual", "Sequential"]
 
@@ -90,10 +91,14 @@ class Sequential(Module):
     def vjp(self, x, input_grad: bool = True):
         """Chain the children's closures; backward runs them in reverse.
 
+        Built-in children run on the thin path while nothing observes them one by one
+        (``layers/fused.py``: no guard per child, ``Linear -> ReLU`` as one step; same values).
         A child gets ``input_grad=False`` when neither the caller nor any earlier child needs a
         gradient through it (a first layer, or a frozen prefix): its dX GEMM is skipped and the
         frozen prefix is not visited in backward at all.
         """
+        if _fused.thin_path():
+            return _fused.chain_vjp(list(self._modules.values()), x, input_grad, trains)
         backwards = []
         need = input_grad
         for module in self._modules.values():

@@ -1,0 +1,157 @@
+"""Sequential's thin path: a chain of built-in layers run without a guard per child, and
+``Linear -> ReLU`` run as one step.
+
+``Sequential.vjp`` is itself guarded (``vjp_protocol``): its closure is used once, its ``dy``
+is checked and cast, errors name its path. Inside, each child's ``vjp`` wrapper would check the
+same things again for arrays the chain made itself. So, while nothing can observe a child on
+its own — no call hooks (global or on the child), ``detect_anomaly`` off, the default
+precision policy — the chain calls the built-in layers' unwrapped ``vjp`` directly, casting a
+``dy`` whose dtype differs from what the child returned (as the guard would) and naming the
+child in any error, and runs a ``Linear`` followed by a ``ReLU`` as one step:
+
+* forward: the GEMM, then ``max(y + b, 0)`` in place over its fresh output (one compiled pass
+  with ``linearkit.fast``, else ``y += b`` and ``np.maximum(y, 0, out=y)``): no second array;
+* backward: the ReLU mask applied in one compiled pass (``fast``), then ``db``, ``dW`` and ``dx``
+  exactly as ``Linear``'s backward computes them.
+
+The values are bitwise those of the guarded, unfused chain (tests/test_fused_chain.py runs
+both). A custom module, a container, or a layer with hooks goes through its guard as before.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import anomaly as _anomaly
+from .. import fast
+from .. import functional as F
+from .. import hooks as _hooks
+from .. import precision as P
+from ..errors import ShapeError
+from .activation import GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
+from .linear import Identity, Linear
+
+__all__ = ["chain_vjp", "thin_path"]
+
+# Layers whose vjp needs no guard inside a guarded chain: their backward returns dx of their
+# input's shape and never calls back into user code.
+_TRUSTED = frozenset({Linear, Identity, ReLU, LeakyReLU, GELU, Tanh, Sigmoid, SiLU})
+
+
+def thin_path() -> bool:
+    """Whether nothing can observe a chain's children one by one (hooks, anomaly, policy)."""
+    policy = P.current
+    return (not _hooks.active and not _anomaly.enabled and policy.compute is None
+            and policy.activations is None)
+
+
+def _fusable(following) -> bool:
+    """Whether the module after a Linear is a plain ReLU the pair can absorb."""
+    return type(following) is ReLU and not following._hooks
+
+
+def chain_vjp(modules: list, x, input_grad: bool, trains) -> tuple:
+    """Run ``modules`` as ``Sequential.vjp`` does (see there for ``input_grad``), on the thin
+    path; returns ``(y, backward)``. ``trains(module)`` is Sequential's input_grad rule.
+
+    An error needs no locating here: the Sequential's own guard names the failing child's path.
+    """
+    steps = []     # (backward, output shape, output dtype, module, its Linear); shape None: guarded
+    need = input_grad
+    i, n = 0, len(modules)
+    while i < n:
+        module = modules[i]
+        kind = type(module)
+        if kind not in _TRUSTED or module._hooks:
+            x, backward = module.vjp(x, input_grad=need)     # guarded, as before
+            steps.append((backward, None, None, module, None))
+            need = need or trains(module)
+            i += 1
+            continue
+        if (kind is Linear and i + 1 < n and _fusable(modules[i + 1])
+                and module.weight.data.itemsize != 2):    # 16-bit storage: Linear's own path
+            x, backward = _linear_relu_vjp(module, x, need)
+            steps.append((backward, x.shape, x.dtype, modules[i + 1], module))
+            i += 2
+        else:
+            x, backward = kind.vjp.__wrapped_vjp__(module, x, need)
+            steps.append((backward, x.shape, x.dtype, module, module))
+            i += 1
+        need = need or (kind is Linear and trains(module))
+
+    def backward(dy):
+        for step, shape, dtype, module, checked in reversed(steps):
+            if shape is not None:   # what the child's guard would check (dy from a guarded step)
+                if type(dy) is not np.ndarray or dy.dtype != dtype:
+                    dy = np.asarray(dy, dtype=dtype)
+                if dy.shape != shape:
+                    raise ShapeError(
+                        f"backward got dy of shape {dy.shape}, but the forward output has "
+                        f"shape {shape}; dy must have the output's shape", module=module)
+            dy = step(dy)
+            if shape is not None and _anomaly.enabled:   # turned on after the forward
+                _check_finite(checked, dy)
+            if dy is None:
+                return None
+        return dy
+
+    return x, backward
+
+
+def _check_finite(module, dx) -> None:
+    """The checks a child's guard makes under ``detect_anomaly`` after its backward."""
+    from ..vjp_protocol import check_finite
+
+    if dx is not None:
+        check_finite(module, dx, "backward (input gradient)")
+    for name, p in module._parameters.items():
+        if p is not None and p.grad is not None:
+            check_finite(module, p.grad, f"backward (gradient of {name})")
+
+
+def _linear_relu_vjp(linear: Linear, x, input_grad: bool):
+    """``relu(linear(x))`` with its closure ``backward(dy (*, out)) -> dx (*, in)``.
+
+    Keeps what the two layers would: the input (for dW) and the ReLU's output (its mask).
+    Returns None from backward when neither a gradient nor dx is needed (a frozen prefix).
+    """
+    x = linear._input(x)
+    w, b = linear.weight, linear.bias
+    kernels = fast.kernels() if fast.supports(w.data.dtype) else None
+    y = F.linear(x, w.data, None)
+    y2 = y.reshape(-1, y.shape[-1]) if y.ndim != 2 else y
+    if kernels is not None and y2.flags.c_contiguous:
+        if b is None:
+            kernels.relu_(y2)
+        else:
+            kernels.bias_relu_(y2, b.data)
+    else:
+        if b is not None:
+            y += b.data
+        np.maximum(y, 0, out=y)
+    need_dw = w.requires_grad
+    need_db = b is not None and b.requires_grad
+    saved_x = x if need_dw else None
+    if not (need_dw or need_db or input_grad):
+        return y, lambda dy: None
+
+    def backward(dy):
+        dz = _relu_grad(dy, y, kernels)
+        if need_dw:
+            w.add_grad(write=lambda out, acc: F.linear_weight_grad(dz, saved_x, out, acc))
+        if need_db:
+            b.add_grad(write=lambda out, acc: F.linear_bias_grad(dz, out, acc))
+        return F.linear_input_grad(dz, w.data) if input_grad else None
+
+    return y, backward
+
+
+def _relu_grad(dy, y, kernels):
+    """``functional.relu_backward(dy, y)``, in one compiled pass when the kernels can take it."""
+    if (kernels is None or dy.shape != y.shape or dy.dtype != y.dtype
+            or not dy.flags.c_contiguous):
+        return F.relu_backward(dy, y)
+    dz = np.empty_like(y)
+    shape2 = (-1, y.shape[-1]) if y.ndim else (1, 1)
+    kernels.relu_backward_into(dy.reshape(shape2), y.reshape(shape2), dz.reshape(shape2))
+    return dz
