@@ -207,9 +207,15 @@ class Adam(Optimizer):
         t = self.state[params[0]]["step"] + 1
         for p in params:
             self.state[p]["step"] = t
-        g = flat.adopt_grads(params)
-        if fused_adam(flat, params, keys, t, hyper):  # linearkit.fast, when numba is there
+        # The first step moves the gradients into the flat buffer (so zero_grad(set_to_none=
+        # False) is one fill and the next backwards write there). After that the compiled step
+        # (linearkit.fast) reads each p.grad where it is: gradients a backward made fresh after
+        # the default zero_grad(set_to_none=True) are not copied in first.
+        if not flat.adopted:
+            flat.adopt_grads(params)
+        if fused_adam(flat, params, keys, t, hyper):
             return
+        g = flat.adopt_grads(params)
         # what each step is applied to: p.data, or a 16-bit parameter's float32 master
         targets = [self._master(p, self.state[p]) if p.data.itemsize == 2 else p.data
                    for p in params] if flat.mixed else [p.data for p in params]

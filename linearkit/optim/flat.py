@@ -64,6 +64,7 @@ class FlatState:
         self.buffers = {"grad": np.empty(total, dtype)}
         self.views = {key: self.split(array) for key, array in self.arrays.items()}
         self.grad_views = self.split(self.buffers["grad"])
+        self.adopted = False    # whether adopt_grads ran once (Adam's first step)
         for i, p in enumerate(self.params):
             entry = state[p]
             for key in keys:
@@ -104,6 +105,7 @@ class FlatState:
         nothing; new ones are copied in once and rebound (same values, new home).
         """
         flat = self.buffers["grad"]
+        self.adopted = True
         if not self.owns_grads(params):
             self.gather([p.grad for p in params])
             for p, view in zip(params, self.grad_views):
@@ -117,21 +119,25 @@ def fused_adam(flat: FlatState, params: list, keys: tuple, step: int, hyper: dic
     Returns False, having touched nothing, for a mixed-precision group, a dtype other than
     float32/float64, a ``p.data`` not C-contiguous or reshaped since the packing, numba absent or ``LINEARKIT_FAST=0``: the
     caller then runs the NumPy path. The kernel gives the NumPy path's bits (tests/test_fast.py).
-    Call it after the step counts are set and the gradients adopted (``adopt_grads``).
+    Call it after the step counts are set. The kernel reads each ``p.grad`` where it is (the
+    flat buffer's views after ``zero_grad(set_to_none=False)``, fresh arrays after the default
+    ``set_to_none=True``): no gradient is copied.
     """
     if flat.mixed or not fast.supports(flat.buffers["grad"].dtype) or not fast.enabled():
         return False
     dtype = flat.buffers["grad"].dtype
-    for p, shape in zip(params, flat.shapes):  # the kernel has no bounds checks: shapes match
+    grads = [p.grad for p in params]
+    for p, grad, shape in zip(params, grads, flat.shapes):  # the kernel has no bounds checks
         d = p.data
-        if not (d.flags.c_contiguous and d.dtype == dtype and d.shape == shape):
-            return False
+        for a in (d, grad):
+            if not (a.flags.c_contiguous and a.dtype == dtype and a.shape == shape):
+                return False
     kernels = fast.kernels()    # numba is imported here, on the first step that can use it
     if kernels is None:
         return False
     views = flat.views
     vmax = views[keys[2]] if len(keys) == 3 else None
-    kernels.adam_flat(params, flat.grad_views, views[keys[0]], views[keys[1]], vmax, step=step,
+    kernels.adam_flat(params, grads, views[keys[0]], views[keys[1]], vmax, step=step,
                       **hyper, scratch=flat.__dict__.setdefault("_scratch", {}))
     return True
 
