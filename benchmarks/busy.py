@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Self
 
 # The spinner: a busy loop that also exits by itself when its parent is gone (a worker killed
 # by the parent's timeout cannot run its ``finally``) or after ``limit`` seconds.
@@ -36,7 +37,7 @@ class Spinner:
         self.limit_s = limit_s
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> Spinner:
+    def __enter__(self) -> Self:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _SPIN, str(os.getpid()), str(self.limit_s)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -89,7 +90,7 @@ class OtherLoad:
 
     cores: float | None = None
 
-    def __enter__(self) -> OtherLoad:
+    def __enter__(self) -> Self:
         self._start = (time.monotonic(), busy_seconds(), time.process_time())
         return self
 
@@ -137,9 +138,9 @@ class Plan:
                     (self.cases if r % 2 == 0 else self.cases[::-1]):
                 for state in ("idle", "busy"):
                     key = f"{name}:{state}"
-                    with setting(), Spinner() if state == "busy" else contextlib.nullcontext():
-                        with OtherLoad() as load:
-                            rec.time(key, build, *args, train=train, **meta)
+                    spin = Spinner() if state == "busy" else contextlib.nullcontext()
+                    with setting(), spin, OtherLoad() as load:
+                        rec.time(key, build, *args, train=train, **meta)
                     if key in rec.results:
                         found.setdefault(key, []).append(
                             {**rec.results.pop(key), "other_cores": load.cores})

@@ -15,6 +15,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "batch1": ("numpy", "linearkit", "torch"),
     "mlp": ("numpy", "linearkit", "torch", "jax"),
     "recipe": ("numpy", "linearkit", "torch", "jax"),
+    "e2e": ("linearkit", "torch", "jax"),
     "busy": ("numpy", "linearkit", "torch"),
     "footprint": ("linearkit",),
     "memory": ("linearkit",),
@@ -26,12 +27,16 @@ GROUP_HELP = {
                  "compute) vs float32, interleaved in one process; blocked vs whole upcast",
     "small": "Linear(16, 16) on one sample: forward, forward+backward (us per call)",
     "batch1": "backward of a batch-1 Linear (the K=1 dW product) vs PyTorch",
-    "mlp": "784-256-256-10 ReLU MLP: Adam training at batch 32/128/512, inference at 1/256",
+    "mlp": "784-256-256-10 ReLU MLP: Adam training at batch 32/128/512 (and, for NumPy, the "
+           "step's 8 GEMMs back to back), inference at 1/256",
     "recipe": "the `linearkit train` recipe: 40-100-res(100)-10 MLP, Adam lr 1e-2, batch 100",
+    "e2e": "the recipe end to end in a fresh process: `linearkit train` (cached kernels) vs "
+           "the same recipe as a PyTorch / JAX script, start-up, data, evaluation and saving "
+           "included",
     "busy": "the recipe step, the README's step and the MLP at batch 128, idle and with one "
             "process spinning on a core; BLAS-thread variants; GEMMs at 1 and 2 threads",
     "footprint": "`import linearkit`: time and peak RSS in a fresh interpreter",
-    "memory": "tracemalloc over 100 training steps: growth, per-step peak, gradient reuse",
+    "memory": "tracemalloc over 1,000 training steps: growth, per-step peak, gradient reuse",
     "profile": "cProfile of a linearkit training step + per-call overheads of the protocol",
 }
 # Groups whose numbers depend on the BLAS kernel: rerun under --forced-kernel.
@@ -48,7 +53,18 @@ MLP_SIZES = (784, 256, 256, 10)
 MLP_TRAIN_BATCHES = (32, 128, 512)
 MLP_INFER_BATCHES = (1, 256)
 MLP_LR = 1e-3
+# Issue 11's training targets, per batch: linearkit's samples/s over PyTorch fused Adam's and over
+# JAX jit's; at MLP_GEMM_BATCH the step within MLP_GEMM_LIMIT of its own 8 GEMMs back to back.
+MLP_VS_TORCH_FUSED = {32: 1.5, 128: 1.15, 512: 1.1}
+MLP_VS_JAX = {32: 1.1, 128: 0.95, 512: 0.9}
+MLP_GEMM_BATCH = 512
+MLP_GEMM_LIMIT = 1.15
 RECIPE = {"n_train": 4000, "in": 40, "hidden": 100, "classes": 10, "batch": 100, "lr": 1e-2}
+# Issue 11's recipe targets: per step, PyTorch eager's time over linearkit's, JAX jit's over ours.
+RECIPE_VS_TORCH = 4.0
+RECIPE_VS_JAX = 1.2
+# Issue 11's small-call targets: linearkit's Linear(16, 16) time over bare NumPy's, same run.
+SMALL_LIMITS = {"fwd": 1.5, "fwdbwd": 1.6}
 # The busy-machine group: three training steps, each idle and beside one spinning process.
 BUSY_STEPS = {
     "recipe": "the recipe step: 40-100-res(100)-10, batch 100, Adam lr 1e-2, batches gathered "
@@ -62,6 +78,12 @@ BUSY_STEPS = {
 BUSY_GEMMS = [(100, 40, 100), (100, 100, 100), (128, 256, 256), (128, 784, 256),
               (512, 784, 256)]
 N_BATCHES = 8  # distinct synthetic batches cycled through by the MLP throughput cases
+# The large-layer target holds "in three consecutive runs": the large group runs at least this
+# many rounds for NumPy and linearkit (more with --rounds), each round's ratio reported.
+LARGE_ROUNDS = 3
+# No growth of traced memory over this many training steps (issue 11), at most this much in all.
+MEMORY_STEPS = 1000
+MEMORY_GROWTH_LIMIT = 16 * 1024
 
 
 def config(quick: bool | str) -> dict:
@@ -70,14 +92,17 @@ def config(quick: bool | str) -> dict:
     if quick == "smoke":
         return {"quick": "smoke", "repeats": 1, "min_time": 0.001, "train_min_time": 0.001,
                 "recipe_steps": 30, "recipe_repeats": 1, "import_repeats": 1,
-                "profile_steps": 20, "busy_rounds": 1}
+                "profile_steps": 20, "busy_rounds": 1, "memory_steps": 20, "e2e_repeats": 1,
+                "large_rounds": 1}
     if quick:
         return {"quick": True, "repeats": 3, "min_time": 0.06, "train_min_time": 0.12,
                 "recipe_steps": 1000, "recipe_repeats": 3, "import_repeats": 3,
-                "profile_steps": 300, "busy_rounds": 1}
+                "profile_steps": 300, "busy_rounds": 1, "memory_steps": MEMORY_STEPS,
+                "e2e_repeats": 1, "large_rounds": 1}
     return {"quick": False, "repeats": 7, "min_time": 0.2, "train_min_time": 0.3,
             "recipe_steps": 6000, "recipe_repeats": 3, "import_repeats": 7,
-            "profile_steps": 1500, "busy_rounds": 2}
+            "profile_steps": 1500, "busy_rounds": 2, "memory_steps": MEMORY_STEPS,
+            "e2e_repeats": 3, "large_rounds": LARGE_ROUNDS}
 
 
 def shape_name(shape) -> str:

@@ -16,7 +16,7 @@ import tempfile
 
 # Optional dependencies that must not load on a bare `import linearkit`.
 HEAVY = ("torch", "scipy", "matplotlib", "safetensors", "tqdm", "onnx", "onnxruntime",
-         "ml_dtypes", "jax", "threadpoolctl", "pandas")
+         "ml_dtypes", "jax", "threadpoolctl", "pandas", "numba", "mpi4py")
 
 _CODE = """
 import time

@@ -164,3 +164,11 @@ def recipe(rec) -> None:
         return time.perf_counter() - start
 
     rec.guarded("train", recipe_timing, once, rec.cfg["recipe_repeats"], steps)
+
+
+def e2e(rec) -> None:
+    """The recipe as a JAX script in a fresh process, compilation included (benchmarks/e2e.py)."""
+    from .e2e import run_cases, script_command
+
+    run_cases(rec, {"train": lambda data, out, steps: script_command("jax", data, out, steps)},
+              needs_data=True)

@@ -12,6 +12,7 @@ BLAS threads: the library's policy (``linearkit.threads``) unless a case sets a 
 
 from __future__ import annotations
 
+import os
 import time
 
 from . import cases, data
@@ -201,6 +202,20 @@ def cli_path(x_all, y_all, steps: int):
     return once
 
 
+def e2e(rec) -> None:
+    """``linearkit train`` in a fresh process (benchmarks/e2e.py)."""
+    from .e2e import linearkit_command, run_cases
+
+    rec.put("fast", {"numba": _has("numba"), "LINEARKIT_FAST": os.environ.get("LINEARKIT_FAST")})
+    run_cases(rec, {"train": lambda data, out, steps: linearkit_command(out, steps)})
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
 def footprint(rec) -> None:
     from .footprint import measure_imports
 
@@ -210,7 +225,8 @@ def footprint(rec) -> None:
 def memory(rec) -> None:
     from .memcheck import training_memory
 
-    rec.guarded("train:recipe", training_memory, lk, build_model, trainer)
+    rec.guarded("train:recipe", training_memory, lk, build_model, trainer,
+                rec.cfg["memory_steps"])
 
 
 def profile(rec) -> None:
@@ -251,7 +267,7 @@ def busy_builds():
 
         def step():  # the README's lines, as a user writes them in their own loop
             pred, backward = model.vjp(x, input_grad=False)
-            loss, loss_backward = loss_fn.vjp(pred, target)
+            loss, loss_backward = loss_fn.vjp(pred, target)  # noqa: RUF059 (README's line)
             backward(loss_backward())
             opt.step()
             opt.zero_grad(set_to_none=False)

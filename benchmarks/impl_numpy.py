@@ -225,9 +225,35 @@ class MLP:
         return loss
 
 
+def gemms_case(sizes, batch: int):
+    """Only the 8 GEMMs of one :class:`MLP` training step, back to back, into the step's own
+    buffers: 3 forward, then dW3, dh2, dW2, dh1, dW1 (no dX for the first layer). The floor a
+    NumPy step of this model cannot go under (issue 11: "the step within 15% of its GEMMs")."""
+    net = MLP(sizes, batch, cases.MLP_LR)
+    x, y = data.classification_batches(batch, sizes[0], sizes[-1], data.rng(1), count=1)[0]
+    net.train_step(x, y)  # real values in every buffer (np.empty may hold NaNs or denormals)
+    (w1, _), (w2, _), (w3, _) = net.layers
+    (gw1, _), (gw2, _), (gw3, _) = net.grads
+    h1, h2, z, dz, dh2, dh1 = net.h1, net.h2, net.z, net.dz, net.dh2, net.dh1
+
+    def step():
+        np.matmul(x, w1.T, out=h1)
+        np.matmul(h1, w2.T, out=h2)
+        np.matmul(h2, w3.T, out=z)
+        np.matmul(dz.T, h2, out=gw3)
+        np.matmul(dz, w3, out=dh2)
+        np.matmul(dh2.T, h1, out=gw2)
+        np.matmul(dh2, w2, out=dh1)
+        np.matmul(dh1.T, x, out=gw1)
+
+    return lambda n: loop(n, step)
+
+
 def mlp(rec) -> None:
     sizes = cases.MLP_SIZES
     for batch in cases.MLP_TRAIN_BATCHES:
+        rec.time(f"gemms:{batch}", gemms_case, sizes, batch, train=True, batch=batch, gemms=8)
+
         def build(batch=batch):
             net = MLP(sizes, batch, cases.MLP_LR)
             batches = data.classification_batches(batch, sizes[0], sizes[-1], data.rng(1))

@@ -196,6 +196,18 @@ def recipe(rec) -> None:
         torch.set_num_threads(threads)
 
 
+def e2e(rec) -> None:
+    """The recipe as a PyTorch script in a fresh process, default and fused Adam
+    (benchmarks/e2e.py)."""
+    from .e2e import run_cases, script_command
+
+    run_cases(rec, {
+        "train": lambda data, out, steps: script_command("torch", data, out, steps),
+        "train-fused": lambda data, out, steps: script_command("torch", data, out, steps,
+                                                               "--fused"),
+    }, needs_data=True)
+
+
 # ----------------------------------------------------------------------------- busy machine
 def one_thread():
     """``torch.set_num_threads(1)`` inside the block, the previous count restored after."""

@@ -1,5 +1,5 @@
 """Memory of linearkit's training step, traced with ``tracemalloc`` (NumPy reports its buffers to
-it): growth across 100 steps, the transient peak of one step, and whether gradient buffers and
+it): growth across 1,000 steps (``cases.MEMORY_STEPS``), the transient peak of one step, and whether gradient buffers and
 optimizer state are reused from one step to the next (the same memory, not fresh arrays)."""
 
 from __future__ import annotations

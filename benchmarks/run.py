@@ -3,10 +3,13 @@
 
 Runs each (framework, group) in its own child process, one after another, with
 ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` removed from the children's environment (the
-parent's own environment is left as it is); prints the tables and the targets of issue 3.
+parent's own environment is left as it is); prints the tables and every target of issues 3, 7,
+10 and 11 as MET/MISSED. The large group runs ``cases.LARGE_ROUNDS`` rounds for NumPy and
+linearkit in a full run (its target holds "in three consecutive runs").
 ``--forced-kernel`` reruns the BLAS-bound groups for NumPy and linearkit with those variables as
 the parent has them (or ``OPENBLAS_CORETYPE=CORETYPE`` when given) and reports them too.
-``--write-docs`` regenerates ``docs/performance.md`` from the measured results.
+``--write-docs`` regenerates ``docs/performance.md`` (and the busy block of ``docs/threads.md``)
+from the measured results.
 """
 
 from __future__ import annotations
@@ -88,7 +91,10 @@ def merge_rounds(outs: list[dict]) -> dict:
         if not found:
             continue
         best = dict(min(found, key=lambda r: r["median_s"]))
-        best["round_medians_s"] = [r["median_s"] for r in found]
+        # in round order, None where the case failed in that round (so rounds stay paired
+        # across frameworks: the large group's per-round ratios)
+        best["round_medians_s"] = [o.get("results", {}).get(case, {}).get("median_s")
+                                   for o in outs]
         results[case] = best
     for o in outs[1:]:
         for case, err in o.get("errors", {}).items():
@@ -190,14 +196,21 @@ def measure_all(args) -> dict:
             fws = [fw for fw in cases.GROUPS[group]
                    if not (only_fw and fw not in only_fw) and not (wanted and fw not in wanted)]
             rounds = args.rounds if group in cases.BLAS_GROUPS else 1
+            # the large-layer target holds "in three consecutive runs": NumPy and linearkit
+            # run at least cfg["large_rounds"] rounds of it, whatever --rounds says
+            least = results["meta"]["config"]["large_rounds"] if group == "large" else 1
             outs: dict[str, list] = {}
-            for r in range(rounds):
-                for fw in (fws if r % 2 == 0 else fws[::-1]):
+            for r in range(max(rounds, least)):
+                order = fws if r % 2 == 0 else fws[::-1]
+                if r >= rounds:
+                    order = [fw for fw in order if fw in cases.BLAS_FRAMEWORKS]
+                for fw in order:
                     if not available(fw):
                         outs[fw] = [{"framework": fw, "group": group,
                                      "unavailable": f"{FRAMEWORK_MODULE[fw]} is not installed"}]
                         continue
-                    tag = f" (round {r + 1}/{rounds})" if rounds > 1 else ""
+                    tag = f" (round {r + 1}/{max(rounds, least)})" if max(rounds, least) > 1 \
+                        else ""
                     print(f"[{name}] {group:9s} {fw:9s}{tag} ...", end="", file=sys.stderr,
                           flush=True)
                     out = run_child(fw, group, quick, env, args.timeout)
