@@ -16,6 +16,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "mlp": ("numpy", "linearkit", "torch", "jax"),
     "recipe": ("numpy", "linearkit", "torch", "jax"),
     "e2e": ("linearkit", "torch", "jax"),
+    "sweep": ("linearkit", "torch"),
     "busy": ("numpy", "linearkit", "torch"),
     "footprint": ("linearkit",),
     "memory": ("linearkit",),
@@ -33,6 +34,9 @@ GROUP_HELP = {
     "e2e": "the recipe end to end in a fresh process: `linearkit train` (cached kernels) vs "
            "the same recipe as a PyTorch / JAX script, start-up, data, evaluation and saving "
            "included",
+    "sweep": "Linear(1024, 1024) float32 against batch 1..64 (the knee) and widths 250/256, "
+             "1000/1024, 4000/4096 at batch 64, under the default thread policy and at 1 and "
+             "2 BLAS threads (linearkit.sweep); PyTorch on the same sweep",
     "busy": "the recipe step, the README's step and the MLP at batch 128, idle and with one "
             "process spinning on a core; BLAS-thread variants; GEMMs at 1 and 2 threads",
     "footprint": "`import linearkit`: time and peak RSS in a fresh interpreter",
@@ -78,6 +82,13 @@ BUSY_STEPS = {
 BUSY_GEMMS = [(100, 40, 100), (100, 100, 100), (128, 256, 256), (128, 784, 256),
               (512, 784, 256)]
 N_BATCHES = 8  # distinct synthetic batches cycled through by the MLP throughput cases
+# The sweep group (issue 11, item 4; the articles' 004 §6.1): one layer against batch size, and
+# square widths just under and at a multiple of 8/16/64, at one batch.
+SWEEP_LAYER = (1024, 1024)
+SWEEP_MAX_BATCH = 64
+SWEEP_DIMS = (250, 256, 1000, 1024, 4000, 4096)
+SWEEP_DIM_BATCH = 64
+SWEEP_THREADS = (None, 1, 2)  # None: linearkit's default policy (linearkit.threads)
 # The large-layer target holds "in three consecutive runs": the large group runs at least this
 # many rounds for NumPy and linearkit (more with --rounds), each round's ratio reported.
 LARGE_ROUNDS = 3
@@ -93,16 +104,16 @@ def config(quick: bool | str) -> dict:
         return {"quick": "smoke", "repeats": 1, "min_time": 0.001, "train_min_time": 0.001,
                 "recipe_steps": 30, "recipe_repeats": 1, "import_repeats": 1,
                 "profile_steps": 20, "busy_rounds": 1, "memory_steps": 20, "e2e_repeats": 1,
-                "large_rounds": 1}
+                "sweep_repeats": 1, "large_rounds": 1}
     if quick:
         return {"quick": True, "repeats": 3, "min_time": 0.06, "train_min_time": 0.12,
                 "recipe_steps": 1000, "recipe_repeats": 3, "import_repeats": 3,
                 "profile_steps": 300, "busy_rounds": 1, "memory_steps": MEMORY_STEPS,
-                "e2e_repeats": 1, "large_rounds": 1}
+                "e2e_repeats": 1, "sweep_repeats": 5, "large_rounds": 1}
     return {"quick": False, "repeats": 7, "min_time": 0.2, "train_min_time": 0.3,
             "recipe_steps": 6000, "recipe_repeats": 3, "import_repeats": 7,
             "profile_steps": 1500, "busy_rounds": 2, "memory_steps": MEMORY_STEPS,
-            "e2e_repeats": 3, "large_rounds": LARGE_ROUNDS}
+            "e2e_repeats": 3, "sweep_repeats": 15, "large_rounds": LARGE_ROUNDS}
 
 
 def shape_name(shape) -> str:

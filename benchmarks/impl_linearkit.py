@@ -210,6 +210,13 @@ def e2e(rec) -> None:
     run_cases(rec, {"train": lambda data, out, steps: linearkit_command(out, steps)})
 
 
+def sweep(rec) -> None:
+    """linearkit.sweep's batch and width sweeps (benchmarks/sweep.py)."""
+    from .sweep import linearkit_sweep
+
+    linearkit_sweep(rec, lk)
+
+
 def _has(module: str) -> bool:
     import importlib.util
 

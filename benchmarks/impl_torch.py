@@ -208,6 +208,13 @@ def e2e(rec) -> None:
     }, needs_data=True)
 
 
+def sweep(rec) -> None:
+    """The sweep group's batch and width sweeps with nn.Linear (benchmarks/sweep.py)."""
+    from .sweep import torch_sweep
+
+    torch_sweep(rec, torch)
+
+
 # ----------------------------------------------------------------------------- busy machine
 def one_thread():
     """``torch.set_num_threads(1)`` inside the block, the previous count restored after."""

@@ -323,6 +323,13 @@ def e2e_section(v: View):
         "(`impl_torch`, `impl_jax`); JAX compiles inside the timed run.")
 
 
+def sweep_sections(v: View):
+    """The sweep group's tables (benchmarks/sweep_report.py, which also writes docs/sweep.md)."""
+    from .sweep_report import sections
+
+    return sections(v)
+
+
 BUSY_ROWS = (("linearkit", "default", "linearkit, default policy"),
              ("linearkit", "1thread", "linearkit, set_num_threads(1)"),
              ("linearkit", "2threads", "linearkit, set_num_threads(2)"),
@@ -657,7 +664,8 @@ def all_sections(v: View) -> list[dict]:
                 ("small", small_section), ("batch1", batch1_section),
                 ("mlp", mlp_sections), ("recipe", recipe_section), ("e2e", e2e_section),
                 ("footprint", footprint_section), ("memory", memory_section),
-                ("profile", profile_sections), ("busy", busy_sections)]
+                ("profile", profile_sections), ("busy", busy_sections),
+                ("sweep", sweep_sections)]
     for group, build in builders:
         if not v.has(group):
             continue
@@ -787,6 +795,10 @@ def _rendered(meta: dict) -> str:
             "(`python -m benchmarks --from-json FILE --write-docs`)")
 
 
+def _minutes(meta: dict) -> str:
+    return f"{meta['wall_s'] / 60:.0f} minutes" if "wall_s" in meta else "? minutes"
+
+
 def _wall(meta: dict) -> str:
     return f", {meta['wall_s']:.0f} s in all" if "wall_s" in meta else ""
 
@@ -821,10 +833,12 @@ def render_markdown(results: dict) -> str:
          "synthetic, with the right shapes and dtypes (float32). "
          "`python -m benchmarks.selfcheck` checks that every implementation trains to the same "
          "weights as PyTorch."),
-        ("- Rerun: `python -m benchmarks` (under 15 minutes), `python -m benchmarks --quick` "
-         "(about 2 minutes), one group: `python -m benchmarks --only mlp` (`--list` names them); "
-         "regenerate this page: `python -m benchmarks --write-docs`; on a busy machine "
-         "`--rounds 2` (and `--threads 1`) steady the figures. Needs "
+        ("- Rerun: `python -m benchmarks` (every group; the run above took "
+         f"{_minutes(meta)}), `python -m benchmarks --quick` (fewer repeats, a 1,000-step "
+         "recipe), one group: `python -m benchmarks --only mlp` (`--list` names them); "
+         "regenerate this page: `python -m benchmarks --write-docs` (it also writes "
+         "[sweep.md](sweep.md) from the sweep group, alone: `--only sweep --write-docs`); on a "
+         "busy machine `--rounds 2` (and `--threads 1`) steady the figures. Needs "
          "`pip install -e '.[bench,torch]'`; JAX is measured when installed "
          "(`pip install jax`)."),
         "",
