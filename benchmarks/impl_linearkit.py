@@ -142,9 +142,36 @@ def cycling(step, batches):
     return one
 
 
+def gemms_case(sizes, batch: int):
+    """Only the 8 GEMMs of one MLP training step, back to back, through the functions and the
+    BLAS-thread policy the step itself uses (``linearkit.functional``): 3 forward, then dW3,
+    dh2, dW2, dh1, dW1 (weight gradients written into kept buffers, as the step does)."""
+    import numpy as np
+
+    F = lk.functional
+    gen = data.rng(1)
+    (w1, _), (w2, _), (w3, _) = data.mlp_params(sizes, data.rng())
+    x = data.uniform((batch, sizes[0]), gen)
+    dz = data.uniform((batch, sizes[-1]), gen, 1.0 / batch)
+    gw1, gw2, gw3 = (np.empty_like(w) for w in (w1, w2, w3))
+
+    def step():
+        h1 = F.linear(x, w1)
+        h2 = F.linear(h1, w2)
+        F.linear(h2, w3)
+        F.linear_weight_grad(dz, h2, out=gw3)
+        dh2 = F.linear_input_grad(dz, w3)
+        F.linear_weight_grad(dh2, h1, out=gw2)
+        dh1 = F.linear_input_grad(dh2, w2)
+        F.linear_weight_grad(dh1, x, out=gw1)
+
+    return lambda n: loop(n, step)
+
+
 def mlp(rec) -> None:
     sizes = cases.MLP_SIZES
     for batch in cases.MLP_TRAIN_BATCHES:
+        rec.time(f"gemms:{batch}", gemms_case, sizes, batch, train=True, batch=batch, gemms=8)
         def build(batch=batch):
             step = trainer(build_model(sizes), cases.MLP_LR)
             batches = data.classification_batches(batch, sizes[0], sizes[-1], data.rng(1))
