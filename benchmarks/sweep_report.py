@@ -236,15 +236,36 @@ def batch_findings(v: View) -> list[str]:
             f"{knee_b} forward+backward, where one call takes {ratio(lat)} as long as at "
             "batch 1." + (f" The {' and '.join(edge)} knee is the largest batch swept: "
                           f"throughput was still rising at {last}." if edge else ""))
-    in_f, out_f = cases.SWEEP_LAYER
-    w_mib = 4 * in_f * out_f / 2**20
-    if lines:
-        lines.append(
-            f"Why, on this CPU as on the article's accelerator: each call reads the "
-            f"{w_mib:.0f} MiB float32 weight once and does 2·batch·{in_f}·{out_f} FLOPs, i.e. "
-            "batch/2 FLOPs per byte of weight read, so below the knee the time per call hardly "
-            "moves with the batch (memory-bound) and throughput grows almost in proportion.")
+    lines += weight_traffic(v)
     return lines
+
+
+def weight_traffic(v: View) -> list[str]:
+    """The article's reason (the weights are read once per call) checked on the 1-thread sweep:
+    how the time per call grows with the batch, and the weight bandwidth at batch 1."""
+    rows = _by_key(_result(v, "linearkit", "batch", "1t"))
+    if 1 not in rows or len(rows) < 3:
+        return []
+    in_f, out_f = cases.SWEEP_LAYER
+    weight = 4 * in_f * out_f
+    one, last = rows[1], rows[max(rows)]
+    second = rows[min(b for b in rows if b > 1)]
+    growth = div(last["forward_ms"], second["forward_ms"])
+    gbs = div(weight / 1e9, one["forward_ms"] / 1e3)
+    text = (f"The article's reason, checked at 1 thread: every call reads the "
+            f"{weight / 2**20:.0f} MiB float32 weight once and does 2·batch·{in_f}·{out_f} "
+            f"FLOPs (batch/2 FLOPs per byte of weight). At batch 1 one call takes "
+            f"{num(one['forward_ms'], 3)} ms, i.e. the weight streams at {num(gbs, 1)} GB/s "
+            f"for {num(one['forward_gflops'], 1)} GFLOP/s; from batch {second['batch']} to "
+            f"{last['batch']} the rows grow {last['batch'] // second['batch']}× while the time "
+            f"per call grows {ratio(growth)} ({num(last['forward_gflops'], 1)} GFLOP/s at "
+            f"{last['batch']}).")
+    step = div(second["forward_ms"], one["forward_ms"])
+    if _ok(step) and step > 2:
+        text += (f" Batch {second['batch']} costs {ratio(step)} batch 1 per call: a one-row "
+                 "product is a matrix-vector one, which the BLAS runs by a different, "
+                 "bandwidth-bound kernel than the GEMM of two rows and more.")
+    return [text]
 
 
 def width_findings(v: View) -> list[str]:

@@ -203,6 +203,8 @@ def test_the_250_256_pair_straddles_the_thread_threshold():
     assert len(switch) == 1 and "250" in switch[0]
     assert "mostly the switch to two threads, not alignment" in switch[0]
     assert any("batch 4 (4·1024·1024 = 4,194,304)" in line for line in lines)
+    (traffic,) = sweep_report.weight_traffic(v)  # 4 MiB in 0.2 ms at batch 1
+    assert "streams at 21.0 GB/s" in traffic and "matrix-vector" not in traffic
 
 
 def test_no_switch_claimed_when_the_policy_stayed_on_one_thread():
