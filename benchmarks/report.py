@@ -228,7 +228,9 @@ def mlp_sections(v: View):
                     [ratio(div(lk_, sps[("torch", "train-fused")])),
                      ratio(div(lk_, sps[("jax", "train")])),
                      rate(div(batch, v.seconds("mlp", "numpy", f"gemms:{batch}"))),
-                     rate(div(batch, gemms)), ratio(div(div(batch, lk_), gemms))])
+                     rate(div(batch, (v.get("mlp", "linearkit", f"gemms:{batch}") or {})
+                              .get("median_s"))),
+                     ratio(div(div(batch, lk_), gemms))])
     train = _section(
         "4a. MLP 784-256-256-10 training, Adam, float32 (samples/s)",
         ["batch", "NumPy", "linearkit", "PyTorch", "PyTorch fused Adam", "JAX jit",
