@@ -95,6 +95,67 @@ def _ctrl_c_between_steps(progress):
         raise KeyboardInterrupt  # pressed after the last step: still an interrupted run
 
 
+def _ranks(args: argparse.Namespace) -> tuple[int, bool]:
+    """``(ranks, inside)``: how many data-parallel ranks ``train`` runs on, and whether this
+    process already is one of them (started by mpirun) rather than the one that launches them."""
+    from .distributed import comm as mpi
+
+    if mpi.launched():
+        try:
+            size = mpi.world_size()
+        except ImportError as exc:
+            raise UsageError(str(exc)) from None
+        if args.ranks is not None and args.ranks != size:
+            raise UsageError(f"argument --ranks: {args.ranks}, but this process runs in an MPI "
+                             f"job of {size} rank(s); drop --ranks, or start mpirun -n "
+                             f"{args.ranks}")
+        return size, size > 1
+    return (1 if args.ranks is None else args.ranks), False
+
+
+def _launch_ranks(args: argparse.Namespace, ranks: int, out: str) -> int:
+    """Relaunch this ``linearkit train`` under ``mpirun -n ranks``; its exit status."""
+    from .distributed import is_available
+    from .distributed.launch import find_mpirun, run_ranks
+
+    if not is_available():
+        raise UsageError('argument --ranks: needs mpi4py: pip install "linearkit[mpi]"')
+    try:
+        find_mpirun()
+    except FileNotFoundError as exc:
+        raise UsageError(f"argument --ranks: {exc}") from None
+    argv = ["train"]
+    for key, value in vars(args).items():
+        if key in ("run", "command") or value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        argv += [flag] if value is True else [flag, str(value)]
+    argv[argv.index("--ranks") + 1] = str(ranks)
+    argv += [] if args.out else ["--out", out]
+    code = run_ranks(ranks, [sys.executable, "-m", "linearkit.cli", *argv])
+    if code:
+        print(f"linearkit train: error: the {ranks}-rank job failed (mpirun exit status {code}); "
+              "the failing rank's message is above", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _rank_is_zero() -> bool:
+    from .distributed import rank
+
+    return rank() == 0
+
+
+def _abort_job_on_error(inside: bool):
+    """In a rank of a ``--ranks`` job, an error ends the whole job with ``rank R: message``
+    (``linearkit.distributed.abort_on_error``); elsewhere nothing changes."""
+    if not inside:
+        return contextlib.nullcontext()
+    from .distributed import abort_on_error
+
+    return abort_on_error()
+
+
 def _train(args: argparse.Namespace) -> int:
     from .data import mnist1d
     from .io import save
@@ -103,22 +164,33 @@ def _train(args: argparse.Namespace) -> int:
     _need_cli_extra("train")
     out = args.out or f"runs/mnist1d-{args.model}.safetensors"
     check_writable_file(out)
+    ranks, inside = _ranks(args)
     data = mnist1d()
     rows = len(data.x_train)
     if args.batch_size > rows:
         raise UsageError(f"argument --batch-size: {args.batch_size} is more than the {rows:,} "
                          f"training rows (the last incomplete batch is dropped, so no batch "
                          f"would ever come); use --batch-size {rows} or less")
-    if os.path.exists(out):
+    if args.batch_size % ranks:
+        fit = args.batch_size - args.batch_size % ranks or ranks
+        raise UsageError(f"argument --batch-size: {args.batch_size} is the global batch, split "
+                         f"across the {ranks} ranks, and must be a multiple of {ranks}; use "
+                         f"--batch-size {fit}")
+    if ranks > 1 and not inside:
+        return _launch_ranks(args, ranks, out)
+    lead = not inside or _rank_is_zero()
+    if os.path.exists(out) and lead:
         print(f"linearkit train: {out} exists and will be replaced when training ends "
               f"(Ctrl-C now keeps it)", file=sys.stderr)
 
     bar = None
     progress = None
-    if not args.json:
+    if not args.json and lead:
         try:
             from tqdm import tqdm
         except ImportError:  # the cli extra brings tqdm; without it, print every eval
+            tqdm = None
+        if inside:  # mpirun forwards a rank's output line by line: print every eval instead
             tqdm = None
         if tqdm is not None:
             bar = tqdm(total=args.steps, unit="step", dynamic_ncols=True, mininterval=0.25)
@@ -137,17 +209,21 @@ def _train(args: argparse.Namespace) -> int:
                     print(f"step {step:>6}  loss {loss:.4f}  test accuracy {test_acc:.1%}")
 
     try:
-        with _ctrl_c_between_steps(progress) as each_step:
+        with _abort_job_on_error(inside), _ctrl_c_between_steps(progress) as each_step:
             model, result = train(args.model, hidden=args.hidden, steps=args.steps, lr=args.lr,
                                   batch_size=args.batch_size, seed=args.seed,
                                   eval_every=args.eval_every, progress=each_step, dataset=data,
-                                  threads=args.threads, precision=args.precision)
+                                  threads=args.threads, precision=args.precision,
+                                  distributed=inside)
     finally:
         if bar is not None:
             bar.leave = not sys.exc_info()[0]  # interrupted: clear the bar, keep one line
             bar.close()
+    if not lead:
+        return 0  # rank 0 saves and reports
     recipe = {k: v for k, v in vars(args).items() if k != "run"}
-    save(model, out, metadata={"linearkit.recipe": json.dumps(recipe, default=str)})
+    with _abort_job_on_error(inside):
+        save(model, out, metadata={"linearkit.recipe": json.dumps(recipe, default=str)})
     if args.json:
         record = {k: v for k, v in result.to_dict().items() if k != "history"}
         record["out"] = out
@@ -164,6 +240,9 @@ def _train(args: argparse.Namespace) -> int:
                   if result.precision == "fp16" else "")
         print(f"precision: {result.precision} (weights stored as {PRECISIONS[result.precision]}, "
               f"float32 compute and master weights{scaler})")
+    if result.ranks > 1:
+        print(f"data-parallel: {result.ranks} MPI ranks, {args.batch_size // result.ranks} rows "
+              f"each of the global batch {args.batch_size}")
     print(f"train accuracy: {result.train_accuracy:.1%}")
     print(f"test accuracy:  {result.test_accuracy:.1%}")
     print("paper (Greydanus 2020, MNIST-1D): logistic regression "
@@ -400,6 +479,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="BLAS threads: a number >= 1 (linearkit.set_num_threads), or auto "
                             "(also 'default') for linearkit's policy: 1 thread for small GEMMs "
                             "and on a busy machine (docs/threads.md)")
+    train.add_argument("--ranks", type=int_at_least(1), default=None,
+                       help="data-parallel over N MPI ranks: relaunches itself under mpirun -n "
+                            "N (the mpi extra); --batch-size stays the global batch, split "
+                            "across the ranks; rank 0 saves and reports (docs/distributed.md)")
     train.add_argument("--out", default=None,
                        help="where to save the weights (.safetensors); default: "
                             "runs/mnist1d-MODEL.safetensors")

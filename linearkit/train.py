@@ -35,6 +35,7 @@ class TrainResult:
     history: list
     precision: str = "fp32"
     skipped_steps: int = 0  # fp16: steps the loss scaler skipped (a non-finite gradient)
+    ranks: int = 1  # data-parallel MPI ranks (train(distributed=True))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -148,7 +149,7 @@ def train(model_kind: str | None = None, *, hidden: int | None = None, steps: in
           lr: float | None = None, batch_size: int = 100, seed: int = 42, eval_every: int = 500,
           dataset=None, progress=None, threads: int | str | None = "auto",
           model: Module | None = None, optimizer=None, loss_fn: Module | None = None,
-          precision: str = "fp32") -> tuple[Module, TrainResult]:
+          precision: str = "fp32", distributed: bool = False) -> tuple[Module, TrainResult]:
     """Train a classifier (by default the MNIST-1D recipe) and return ``(model, TrainResult)``.
 
     Parameters
@@ -192,6 +193,12 @@ def train(model_kind: str | None = None, *, hidden: int | None = None, steps: in
         (:class:`linearkit.amp.GradScaler`: a step with a non-finite gradient is skipped and
         counted in ``skipped_steps``). With ``model=``, the model must already be stored so
         (``model.to("bfloat16")``).
+    distributed : bool
+        Data-parallel over the ranks of the MPI job this process runs in (every rank calls
+        ``train`` with the same arguments; :mod:`linearkit.distributed`): ``batch_size`` is the
+        global batch, a multiple of the ranks; every rank draws the same global batch and
+        trains on its rows ``rank::ranks``, the gradients are averaged, so the run is the
+        single-process run up to float rounding. Rank 0's parameters are broadcast first.
 
     Every argument is checked before the first step (ValueError/TypeError naming the fix).
     Each step is :func:`linearkit.loop.step`; accuracies come from
@@ -205,6 +212,7 @@ def train(model_kind: str | None = None, *, hidden: int | None = None, steps: in
     eval_every = _check_int("eval_every", eval_every, 0)
     data = as_dataset(dataset)
     batch_size = check_batch_size(batch_size, len(data.x_train))
+    ranks = _check_ranks(batch_size) if distributed else 1
     if model is None:
         if optimizer is not None:
             raise ValueError("train: optimizer= needs model= too (an optimizer steps the "
@@ -241,11 +249,42 @@ def train(model_kind: str | None = None, *, hidden: int | None = None, steps: in
     threads = thread_setting(threads)
     loader = DataLoader(data.x_train, data.y_train, batch_size=batch_size, shuffle=True,
                         drop_last=True, seed=seed)
+    dp_step = _data_parallel_step(model) if distributed else None
     with threads:
         result = _loop(model, data, loss_fn, optimizer, loader, model_kind, steps, eval_every,
-                       progress, precision == "fp16")
+                       progress, precision == "fp16", dp_step)
     result.precision = precision
+    result.ranks = ranks
     return model, result
+
+
+def _check_ranks(batch_size: int) -> int:
+    """The MPI job's size; ``batch_size`` (the global batch) must split evenly over it."""
+    from .distributed import world_size
+
+    ranks = world_size()
+    if batch_size % ranks:
+        below, above = batch_size - batch_size % ranks, batch_size + ranks - batch_size % ranks
+        raise ValueError(f"train: batch_size={batch_size} is the global batch and must split "
+                         f"evenly over the {ranks} ranks; use a multiple of {ranks}, e.g. "
+                         f"{below or above} or {above}")
+    return ranks
+
+
+def _data_parallel_step(model: Module):
+    """``dp_step(xb, yb, scaler) -> loss``: this rank's rows of the global batch, gradients
+    averaged over the ranks (``linearkit.distributed.step``), after rank 0's weights are
+    broadcast."""
+    from . import distributed as dist
+
+    dist.broadcast_parameters(model)
+    reducer = dist.GradientReducer(model)
+
+    def dp_step(model, loss_fn, optimizer, xb, yb, scaler):
+        xs, ys = dist.shard_batch(xb, yb)
+        return dist.step(model, loss_fn, optimizer, xs, ys, reducer=reducer, scaler=scaler)
+
+    return dp_step
 
 
 #: ``precision=`` -> the storage dtype's name
@@ -275,7 +314,7 @@ def _check_optimizer(optimizer, model: Module) -> None:
 
 
 def _loop(model, data, loss_fn, optimizer, loader, model_kind, steps, eval_every, progress,
-          scale_loss: bool = False) -> TrainResult:
+          scale_loss: bool = False, dp_step=None) -> TrainResult:
     history = []
     loss = np.nan
     step = skipped = 0
@@ -289,7 +328,11 @@ def _loop(model, data, loss_fn, optimizer, loader, model_kind, steps, eval_every
     model.train()
     while step < steps:
         for xb, yb in loader:  # never empty: batch_size <= rows (checked) and the loader raises
-            if scaler is None:
+            if dp_step is not None:  # this rank's rows, averaged gradients (and scaler)
+                before = None if scaler is None else scaler.get_scale()
+                loss = dp_step(model, loss_fn, optimizer, xb, yb, scaler)
+                skipped += scaler is not None and scaler.get_scale() < before
+            elif scaler is None:
                 loss = loop_step(model, loss_fn, optimizer, xb, yb, set_to_none=False)
             else:  # scaled loss, unscale, skip the step on inf/NaN, update the scale
                 before = scaler.get_scale()

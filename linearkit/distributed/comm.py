@@ -174,18 +174,20 @@ def start_allreduce(array: np.ndarray, op: str = "sum", comm=None):
     return get_comm(comm).Iallreduce(MPI.IN_PLACE, array, ops[op])
 
 
-def allreduce_(array: np.ndarray, op: str = "sum", comm=None) -> np.ndarray:
+def allreduce_(array: np.ndarray, op: str = "sum", comm=None, *, what: str | None = None
+               ) -> np.ndarray:
     """Reduce ``array`` in place over the ranks (``op``: 'sum', 'max', 'min'); returns it.
 
-    Shape: any, the same on every rank. One rank: ``array`` unchanged.
+    Shape: any, the same on every rank. One rank: ``array`` unchanged. ``what`` names the
+    collective in the timeout message.
     """
     if op not in ("sum", "max", "min"):
         raise ValueError(f"linearkit.distributed.allreduce_: op must be 'sum', 'max' or 'min', "
                          f"got {op!r}")
     if _single(comm):
         return array
-    wait([start_allreduce(array, op, comm)], f"all-reduce ({op}) of {array.dtype} "
-         f"{array.shape}", comm)
+    what = what or f"all-reduce ({op}) of {array.dtype} {array.shape}"
+    wait([start_allreduce(array, op, comm)], what, comm)
     return array
 
 

@@ -167,7 +167,9 @@ class GradientReducer:
         """Every rank must pack the same parameters (shapes, dtypes, order) into its buckets."""
         text = repr([(p.shape, p.dtype.str) for p in self._trainable]).encode()
         h = zlib.crc32(text)
-        seen = _comm.allreduce_(np.array([h, -h], np.int64), "max", self.comm)
+        seen = _comm.allreduce_(np.array([h, -h], np.int64), "max", self.comm,
+                                what="GradientReducer's check that every rank has the same "
+                                     "trainable parameters")
         if seen[0] != h or -seen[1] != h:
             raise RuntimeError(
                 f"GradientReducer (rank {_comm.rank(self.comm)}): the ranks hold different "
@@ -310,7 +312,8 @@ def broadcast_parameters(model, root: int = 0, *, comm=None) -> None:
     arrays += [(name, b) for name, b in model.named_buffers() if isinstance(b, np.ndarray)]
     text = repr([(name, a.shape, a.dtype.str) for name, a in arrays]).encode()
     h = zlib.crc32(text)
-    seen = _comm.allreduce_(np.array([h, -h], np.int64), "max", comm)
+    seen = _comm.allreduce_(np.array([h, -h], np.int64), "max", comm,
+                            what="broadcast_parameters' check that every rank has the same model")
     if seen[0] != h or -seen[1] != h:
         raise RuntimeError("broadcast_parameters: the ranks hold different models (parameter "
                            "and buffer names, shapes or dtypes differ); build the same model on "
