@@ -72,6 +72,14 @@ def ran_like(auto, one, two) -> str:
     return "1 thread" if abs(auto / one - 1) <= abs(auto / two - 1) else "2 threads"
 
 
+def policy_ran_like(macs: int, policy: dict, auto, one, two) -> str:
+    """:func:`ran_like`, except below the threshold, where the policy is known to run one
+    thread whatever the timings say."""
+    if policy_threads(macs, policy) == "1":
+        return "1 thread (by rule)"
+    return ran_like(auto, one, two)
+
+
 def _cell(row: dict | None, what: str) -> str:
     """``samples/s (ms)`` of a batch-sweep row; ``what`` is ``forward`` or ``train``."""
     if not row:
@@ -134,8 +142,8 @@ def dims_table(v: View) -> dict | None:
         for what in ("forward", "train"):
             ms = {k: _ms(rows_of[k].get(d), what) for k in got}
             row += [num(ms[k], 3) for k in got]
-            row.append(ran_like(ms[("linearkit", "auto")], ms[("linearkit", "1t")],
-                                ms[("linearkit", "2t")]))
+            row.append(policy_ran_like(macs, policy, ms[("linearkit", "auto")],
+                                       ms[("linearkit", "1t")], ms[("linearkit", "2t")]))
         rows.append(row)
     header = ["width d", "M MACs per GEMM", "policy's threads"]
     for what in ("fwd", "fwd+bwd"):
@@ -147,7 +155,8 @@ def dims_table(v: View) -> dict | None:
         "default thread policy and with the BLAS fixed at 1 and at 2 threads "
         "(`linearkit.threads.num_threads`); every width timed once per round. *Policy ran "
         "like*: the fixed count whose time the policy's is closest to (\"either\" when 1 and 2 "
-        "threads are within 5% of each other).")
+        "threads are within 5% of each other); below the threshold the policy runs one thread "
+        "by rule.")
 
 
 def pairs(v: View) -> list[dict]:
@@ -298,7 +307,8 @@ def thread_findings(v: View) -> list[str]:
         d, big = it["narrow"], it["wide"]
         rows = {tag: _by_key(_result(v, "linearkit", "dims", tag)) for tag in ("auto", "1t", "2t")}
         t = {(tag, w): _ms(rows[tag].get(w), "forward") for tag in rows for w in (d, big)}
-        like = {w: ran_like(t[("auto", w)], t[("1t", w)], t[("2t", w)]) for w in (d, big)}
+        like = {w: policy_ran_like(n * w * w, policy, t[("auto", w)], t[("1t", w)],
+                                   t[("2t", w)]) for w in (d, big)}
         r_auto = it["time"][(("linearkit", "auto"), "forward")]
         r_one = it["time"][(("linearkit", "1t"), "forward")]
         r_two = it["time"][(("linearkit", "2t"), "forward")]
@@ -323,9 +333,10 @@ def thread_findings(v: View) -> list[str]:
             seen = (f" (other processes kept {num(others, 2)} cores busy at its last look)"
                     if _ok(others) else "")
             text += (f"In this run the policy kept {big} on one thread too{seen}: the machine "
-                     "was not idle, so the switch did not change the comparison; on an idle "
-                     "machine it would, by the 2-vs-1-thread ratio above. Compare widths with "
-                     "`--threads 1`.")
+                     "was not idle, so the switch did not change the comparison. On an idle "
+                     f"machine the policy gives {big} two threads and {d} one, and the "
+                     f"comparison measures the thread count as well as the width; compare "
+                     "widths with `--threads 1`.")
         else:
             text += ("Here the switch did not move the ratio by more than 5%; compare widths "
                      "with `--threads 1` all the same.")
