@@ -273,6 +273,11 @@ class Module:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset every parameter's ``.grad`` to None (default) or fill it with zeros in place."""
+        if not self._modules:    # a leaf (a Linear): its own parameters, without the tree walk
+            for p in self._parameters.values():
+                if p is not None:
+                    p.zero_grad(set_to_none)
+            return
         for p in self.parameters():
             p.zero_grad(set_to_none)
 

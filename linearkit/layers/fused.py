@@ -115,8 +115,10 @@ def _linear_relu_vjp(linear: Linear, x, input_grad: bool):
     Keeps what the two layers would: the input (for dW) and the ReLU's output (its mask).
     Returns None from backward when neither a gradient nor dx is needed (a frozen prefix).
     """
-    x = linear._input(x)
     w, b = linear.weight, linear.bias
+    if not (type(x) is np.ndarray and x.dtype is w.data.dtype and x.ndim
+            and x.shape[-1] == linear.in_features):     # Linear.forward's inline check
+        x = linear._input(x)
     kernels = fast.kernels() if fast.supports(w.data.dtype) else None
     y = F.linear(x, w.data, None)
     y2 = y.reshape(-1, y.shape[-1]) if y.ndim != 2 else y

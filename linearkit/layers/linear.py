@@ -117,11 +117,18 @@ class Linear(Module):
     # ------------------------------------------------------------------ forward / backward
     def forward(self, x: np.ndarray) -> np.ndarray:
         """``(*, in_features) -> (*, out_features)``."""
-        x = self._input(x)
+        w = self.weight
+        # the common case checked inline (a call less on a small layer's hot path); anything
+        # else gets _input's conversion or its error (and a LazyLinear its weight)
+        if w is None or not (type(x) is np.ndarray and x.dtype is w.data.dtype and x.ndim
+                             and x.shape[-1] == self.in_features):
+            x = self._input(x)
+            w = self.weight
+        w = w.data
         b = self.bias
         if P.current.compute is not None:
-            P.check_compute(self, self.weight.data.dtype)
-        return F.linear(x, self.weight.data, None if b is None else b.data)
+            P.check_compute(self, w.dtype)
+        return F.linear(x, w, None if b is None else b.data)
 
     def vjp(self, x: np.ndarray, input_grad: bool = True):
         """Forward plus a closure ``backward(dy (*, out)) -> dx (*, in)`` (None if not input_grad).
@@ -129,8 +136,12 @@ class Linear(Module):
         The closure adds ``dW = dyᵀ x`` into ``weight.grad`` and ``db = Σ dy`` into ``bias.grad``,
         skipping the GEMM of a frozen weight and, for ``input_grad=False``, of ``dx``.
         """
-        x = self._input(x)
-        w, b = self.weight, self.bias
+        w = self.weight
+        if w is None or not (type(x) is np.ndarray and x.dtype is w.data.dtype and x.ndim
+                             and x.shape[-1] == self.in_features):    # forward's inline check
+            x = self._input(x)
+            w = self.weight
+        b = self.bias
         policy = P.current
         if policy.compute is not None:
             P.check_compute(self, w.data.dtype)
