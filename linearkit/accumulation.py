@@ -36,7 +36,7 @@ from itertools import pairwise
 
 import numpy as np
 
-__all__ = ["accumulate", "accumulated_step", "micro_batch_slices"]
+__all__ = ["accumulate", "accumulated_step", "check_clip", "finish_step", "micro_batch_slices"]
 
 _WHERE = "linearkit.accumulation"
 
@@ -183,14 +183,27 @@ def accumulated_step(model, loss_fn, optimizer, x, y, *, micro_batches: int = 1,
     >>> abs(full - split) < 1e-12, np.allclose(one.weight.data, three.weight.data, atol=1e-12)
     (True, True)
     """
-    from .optim.clip import clip_grad_norm_
+    check_clip(clip, f"{_WHERE}.accumulated_step")
+    loss = accumulate(model, loss_fn, x, y, micro_batches=micro_batches, scaler=scaler)
+    return finish_step(optimizer, loss, scaler=scaler, clip=clip, set_to_none=set_to_none)
 
+
+def check_clip(clip, where: str) -> None:
+    """A ValueError naming ``where`` unless ``clip`` is None or a finite number > 0."""
     if clip is not None and (isinstance(clip, bool)
                              or not isinstance(clip, (int, float, np.floating))
                              or not (math.isfinite(clip) and clip > 0)):
-        raise ValueError(f"{_WHERE}.accumulated_step: clip is clip_grad_norm_'s max_norm, a "
-                         f"finite number > 0; got {clip!r}")
-    loss = accumulate(model, loss_fn, x, y, micro_batches=micro_batches, scaler=scaler)
+        raise ValueError(f"{where}: clip is clip_grad_norm_'s max_norm, a finite number > 0; "
+                         f"got {clip!r}")
+
+
+def finish_step(optimizer, loss: float, *, scaler=None, clip: float | None = None,
+                set_to_none: bool = False) -> float:
+    """What follows the window's backwards: unscale (once), clip, step (or skip, with the
+    scaler), update the scale, zero the gradients; returns ``loss``. ``accumulated_step`` and
+    ``linearkit.distributed.step`` (which averages the gradients first) end with it."""
+    from .optim.clip import clip_grad_norm_
+
     if scaler is not None:
         scaler.unscale_(optimizer)
     if clip is not None:

@@ -80,28 +80,13 @@ def step(model, loss_fn, optimizer, x, y, *, reducer, micro_batches: int = 1, sc
     float
         The global batch's loss (the mean of the ranks' losses), before the update.
     """
-    from ..accumulation import accumulate
-    from ..optim.clip import clip_grad_norm_
+    from ..accumulation import accumulate, check_clip, finish_step
 
-    if clip is not None and not (isinstance(clip, (int, float, np.floating))
-                                 and not isinstance(clip, bool) and np.isfinite(clip)
-                                 and clip > 0):
-        raise ValueError(f"linearkit.distributed.step: clip is clip_grad_norm_'s max_norm, a "
-                         f"finite number > 0; got {clip!r}")
+    check_clip(clip, "linearkit.distributed.step")
     if micro_batches == 1:
         loss = accumulate(model, loss_fn, x, y, micro_batches=1, scaler=scaler)
     else:
         with reducer.no_sync():
             loss = accumulate(model, loss_fn, x, y, micro_batches=micro_batches, scaler=scaler)
-    loss = reducer.synchronize(loss)
-    if scaler is not None:
-        scaler.unscale_(optimizer)
-    if clip is not None:
-        clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], clip)
-    if scaler is not None:
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=set_to_none)
-    return loss
+    loss = reducer.synchronize(loss)     # the average, before the scaler unscales it
+    return finish_step(optimizer, loss, scaler=scaler, clip=clip, set_to_none=set_to_none)
