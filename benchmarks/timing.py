@@ -37,7 +37,10 @@ def measure(prepare: Prepare, *, repeats: int, min_time: float, warmup: int = 1,
     ``gc_off`` disables the cyclic garbage collector inside the timed region (as ``timeit``
     does) for micro-benchmarks; training loops keep it on, since collection is part of the cost.
     """
-    _timed(prepare(1), gc_off)  # first call: compilation, lazy allocation, caches
+    # first calls: compilation, lazy allocation, caches; two, since the second may take a path
+    # the first did not (a backward accumulating into the gradient the first one created, which
+    # loads the compiled kernels: ~0.3 s that would otherwise land in the calibration)
+    _timed(prepare(2), gc_off)
     n, dt = 1, 0.0
     while True:
         dt = _timed(prepare(n), gc_off)

@@ -194,13 +194,13 @@ def linear_weight_grad(dy: np.ndarray, x: np.ndarray, out: np.ndarray | None = N
             return np.multiply(column, x2)
         if not accumulate:
             return np.multiply(column, x2, out=out)
+        if out.nbytes <= _OUTER_DIRECT_BYTES:
+            out += column * x2
+            return out
         kernels = _fast.kernels() if _fast.supports(out.dtype) else None
         if (kernels is not None and out.flags.c_contiguous and dy2.dtype == out.dtype
                 and x2.dtype == out.dtype):
             kernels.outer_add_(out, dy2[0], x2[0])   # one pass, no temporary (same bits)
-            return out
-        if out.nbytes <= _OUTER_DIRECT_BYTES:
-            out += column * x2
             return out
         block = np.empty((min(_OUTER_BLOCK, out.shape[0]), x2.shape[1]), out.dtype)
         for start in range(0, out.shape[0], _OUTER_BLOCK):

@@ -72,7 +72,9 @@ def test_outer_add_is_bitwise_numpy(kernels, dtype, shape):
 
 
 def test_batch1_weight_grad_accumulates_through_the_kernel(monkeypatch):
-    """A one-row backward into an existing gradient: the kernel, bitwise the NumPy path."""
+    """A one-row backward into an existing large gradient: the kernel, bitwise the NumPy path
+    (a small one, <= 128 KiB, keeps NumPy's direct ``out += dyᵀ * x``: two ufunc calls cost
+    less than the kernel's dispatch there)."""
     calls = []
     real = fast.kernels()
 
@@ -85,7 +87,7 @@ def test_batch1_weight_grad_accumulates_through_the_kernel(monkeypatch):
     rng = np.random.default_rng(3)
     dy = rng.standard_normal((1, 300)).astype(np.float32)
     x = rng.standard_normal((1, 200)).astype(np.float32)
-    out = rng.standard_normal((300, 200)).astype(np.float32)
+    out = rng.standard_normal((300, 200)).astype(np.float32)   # 234 KiB: past the direct path
     expected = out + dy.T * x
     monkeypatch.setattr(fast, "kernels", lambda: Spy())
     F.linear_weight_grad(dy, x, out, accumulate=True)
