@@ -67,7 +67,7 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
     if x.size * out_features >= _threads.switch_macs:  # BLAS threads for this GEMM (threads.py)
         _threads.before_gemm(x.size * out_features)
     if x.ndim == 2:
-        y = np.matmul(x, weight.T)
+        y = np.dot(x, weight.T)     # np.matmul's bits (the same BLAS call), ~0.5 us less to call
     elif x.ndim == 1:
         y = np.matmul(weight, x)
     else:
