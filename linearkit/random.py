@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-_generator = np.random.default_rng()
+# Made on first use: numpy.random is not imported by ``import numpy`` (NumPy 2 loads it lazily)
+# and costs ~8-15 ms to import, which ``import linearkit`` then need not pay.
+_generator = None
 
 
 def manual_seed(seed: int) -> np.random.Generator:
@@ -20,14 +22,17 @@ def manual_seed(seed: int) -> np.random.Generator:
 
 
 def default_generator() -> np.random.Generator:
-    """The generator used when no ``rng=`` is passed."""
+    """The generator used when no ``rng=`` is passed (seeded from the OS on first use)."""
+    global _generator
+    if _generator is None:
+        _generator = np.random.default_rng()
     return _generator
 
 
 def resolve(rng: np.random.Generator | int | None) -> np.random.Generator:
     """``rng`` as a Generator: None -> the library's, an int -> a fresh seeded one."""
     if rng is None:
-        return _generator
+        return default_generator()
     if isinstance(rng, np.random.Generator):
         return rng
     if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
