@@ -324,7 +324,7 @@ def _readme_python_blocks():
 
 def test_readme_snippets_run(tmp_path, monkeypatch, capsys):
     blocks = _readme_python_blocks()
-    assert len(blocks) == 5 and "lk.load_model(" in blocks[1]
+    assert len(blocks) == 6 and "lk.load_model(" in blocks[1]
     exec(compile(blocks[0], "README.md: a training step", "exec"), {})
     # "Load saved weights back", on the file the README's first command writes.
     monkeypatch.chdir(tmp_path)
@@ -348,3 +348,9 @@ def test_readme_snippets_run(tmp_path, monkeypatch, capsys):
     exec(compile(blocks[4], "README.md: 16-bit weights", "exec"), scope)
     assert capsys.readouterr().out.split() == ["True"]
     assert scope["model"][0].weight.dtype.name == "bfloat16" and np.isfinite(scope["loss"])
+    # "Data and tensor parallelism over MPI", here as one rank (no mpirun): a plain step.
+    scope = {}
+    exec(compile(blocks[5], "README.md: MPI", "exec"), scope)
+    assert 1.5 < scope["loss"] < 3.5        # ~ln 10 at init: the full batch's loss, one step
+    assert [type(m).__name__ for m in scope["mlp"]] == ["ColumnParallelLinear", "GELU",
+                                                        "RowParallelLinear"]
