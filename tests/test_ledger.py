@@ -8,38 +8,15 @@ import math
 
 import numpy as np
 import pytest
+from closure_oracle import closure_bytes
 
 import linearkit as lk
 from linearkit.analysis.ledger import Ledger, human_bytes, ledger, preset
-from linearkit.module import Module, Parameter
+from linearkit.module import Module
 
 
 def rng(seed=0):
     return np.random.default_rng(seed)
-
-
-def closure_bytes(backward, model) -> int:
-    """Bytes a backward closure keeps alive, found independently of the ledger: walk
-    ``__closure__`` cells recursively, sum distinct arrays by underlying buffer, skip parameters
-    and buffers (they are counted as weights)."""
-    owned = {id(p.data) for p in model.parameters()} | {id(b) for b in model.buffers()}
-    seen, found, stack = set(), {}, [backward]
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, (Module, Parameter)):
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, np.ndarray):
-            root = obj
-            while isinstance(root.base, np.ndarray):
-                root = root.base
-            if id(root) not in owned:
-                found[id(root)] = root.nbytes
-        elif getattr(obj, "__closure__", None):
-            stack.extend(c.cell_contents for c in obj.__closure__)
-        elif isinstance(obj, (list, tuple)):
-            stack.extend(obj)
-    return sum(found.values())
 
 
 # ------------------------------------------------------------------ the articles' arithmetic

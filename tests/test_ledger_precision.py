@@ -32,12 +32,13 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from closure_oracle import closure_bytes
 
 import linearkit as lk
 from linearkit import precision as P
 from linearkit.analysis import ledger
 from linearkit.checkpoint_measure import step_peak_bytes
-from linearkit.module import Module, Parameter
+from linearkit.module import Module
 from linearkit.optim.optimizer import MASTER
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -244,29 +245,6 @@ def test_the_ledger_reads_the_policy_when_it_is_called():
 
 
 # ------------------------------------------------------------------ exact, on small models
-def closure_bytes(backward, model) -> int:
-    """Bytes a backward closure keeps alive, found independently of the ledger (parameters and
-    buffers excluded: they are weights)."""
-    owned = {id(p.data) for p in model.parameters()} | {id(b) for b in model.buffers()}
-    seen, found, stack = set(), {}, [backward]
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, Module | Parameter):
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, np.ndarray):
-            root = obj
-            while isinstance(root.base, np.ndarray):
-                root = root.base
-            if id(root) not in owned:
-                found[id(root)] = root.nbytes
-        elif getattr(obj, "__closure__", None):
-            stack.extend(c.cell_contents for c in obj.__closure__)
-        elif isinstance(obj, list | tuple):
-            stack.extend(obj)
-    return sum(found.values())
-
-
 class Wrapped(Module):
     """A module type without a rule: the ledger runs it once and walks its closure."""
 

@@ -11,34 +11,11 @@ import sys
 
 import numpy as np
 import pytest
+from closure_oracle import closure_bytes
 
 import linearkit as lk
 from linearkit.analysis.ledger import ledger
-from linearkit.module import Module, Parameter
 from linearkit.rules import LayerRule, register_rule, rule_for
-
-
-def closure_bytes(backward, model) -> int:
-    """Bytes a backward closure keeps alive, walked independently of the ledger (distinct
-    arrays by underlying buffer; parameters and buffers excluded)."""
-    owned = {id(p.data) for p in model.parameters()} | {id(b) for b in model.buffers()}
-    seen, found, stack = set(), {}, [backward]
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, (Module, Parameter)):
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, np.ndarray):
-            root = obj
-            while isinstance(root.base, np.ndarray):
-                root = root.base
-            if id(root) not in owned:
-                found[id(root)] = root.nbytes
-        elif getattr(obj, "__closure__", None):
-            stack.extend(c.cell_contents for c in obj.__closure__)
-        elif isinstance(obj, (list, tuple)):
-            stack.extend(obj)
-    return sum(found.values())
 
 
 class Scale(lk.Module):
