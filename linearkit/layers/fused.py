@@ -29,7 +29,7 @@ from .. import hooks as _hooks
 from .. import precision as P
 from ..errors import ShapeError
 from .activation import GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
-from .linear import Identity, Linear
+from .linear import Identity, Linear, linear_backward_into
 
 __all__ = ["chain_vjp", "thin_path"]
 
@@ -138,12 +138,8 @@ def _linear_relu_vjp(linear: Linear, x, input_grad: bool):
         return y, lambda dy: None
 
     def backward(dy):
-        dz = _relu_grad(dy, y, kernels)
-        if need_dw:
-            w.add_grad(write=lambda out, acc: F.linear_weight_grad(dz, saved_x, out, acc))
-        if need_db:
-            b.add_grad(write=lambda out, acc: F.linear_bias_grad(dz, out, acc))
-        return F.linear_input_grad(dz, w.data) if input_grad else None
+        return linear_backward_into(w, b, _relu_grad(dy, y, kernels), saved_x, need_dw, need_db,
+                                    input_grad)
 
     return y, backward
 

@@ -155,12 +155,7 @@ class Linear(Module):
         saved_x = x if need_dw else None
 
         def backward(dy: np.ndarray):
-            # Gradients go straight into a zeroed .grad when there is one (Parameter.add_grad).
-            if need_dw:
-                w.add_grad(write=lambda out, acc: F.linear_weight_grad(dy, saved_x, out, acc))
-            if need_db:
-                b.add_grad(write=lambda out, acc: F.linear_bias_grad(dy, out, acc))
-            return F.linear_input_grad(dy, w.data) if input_grad else None
+            return linear_backward_into(w, b, dy, saved_x, need_dw, need_db, input_grad)
 
         return y, backward
 
@@ -206,6 +201,20 @@ class Linear(Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}")
+
+
+def linear_backward_into(weight: Parameter, bias: Parameter | None, dy: np.ndarray,
+                         x: np.ndarray | None, need_dw: bool, need_db: bool,
+                         input_grad: bool) -> np.ndarray | None:
+    """A float32/float64 Linear's backward for ``dy (*, out)``: adds ``dW = dyᵀ x`` and
+    ``db = Σ dy`` into ``.grad`` (when asked; straight into a zeroed ``.grad`` when there is one,
+    ``Parameter.add_grad``) and returns ``dx = dy W (*, in)``, or None without ``input_grad``.
+    ``Linear.vjp`` and the fused ``Linear -> ReLU`` step (``layers/fused.py``) both end here."""
+    if need_dw:
+        weight.add_grad(write=lambda out, acc: F.linear_weight_grad(dy, x, out, acc))
+    if need_db:
+        bias.add_grad(write=lambda out, acc: F.linear_bias_grad(dy, out, acc))
+    return F.linear_input_grad(dy, weight.data) if input_grad else None
 
 
 def linear_from(weight: np.ndarray, bias: np.ndarray | None, dtype) -> Linear:
