@@ -17,7 +17,7 @@ from . import anomaly as _anomaly
 from . import hooks as _hooks
 from .errors import AnomalyError, BackwardError, ShapeError, _Located
 
-__all__ = ["check_finite", "guarded_vjp"]
+__all__ = ["check_backward", "check_finite", "guarded_vjp"]
 
 
 def guarded_vjp(vjp: Callable) -> Callable:
@@ -73,10 +73,7 @@ def guarded_vjp(vjp: Callable) -> Callable:
                 err.locate(self)
                 raise
             if _anomaly.enabled:
-                check_finite(self, dx, "backward (input gradient)")
-                for name, p in self._parameters.items():
-                    if p is not None and p.grad is not None:
-                        check_finite(self, p.grad, f"backward (gradient of {name})")
+                check_backward(self, dx)
             if hooked_now:
                 several = isinstance(dx, tuple)
                 dx = _hooks.run_backward(self, dx if several else (dx,), grad)
@@ -116,6 +113,15 @@ def check_finite(module, value, where: str) -> None:
     problem = _anomaly.first_nonfinite(value)
     if problem is not None:
         raise AnomalyError(f"detect_anomaly: {where} {problem}", module=module).with_root(module)
+
+
+def check_backward(module, dx) -> None:
+    """``detect_anomaly``'s checks after ``module``'s backward: its input gradient ``dx`` and
+    each of its own parameters' ``.grad`` (an AnomalyError naming the module and which)."""
+    check_finite(module, dx, "backward (input gradient)")
+    for name, p in module._parameters.items():
+        if p is not None and p.grad is not None:
+            check_finite(module, p.grad, f"backward (gradient of {name})")
 
 
 def _with_root(self, root):

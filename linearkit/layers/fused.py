@@ -28,6 +28,7 @@ from .. import functional as F
 from .. import hooks as _hooks
 from .. import precision as P
 from ..errors import ShapeError
+from ..vjp_protocol import check_backward
 from .activation import GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
 from .linear import Identity, Linear, linear_backward_into
 
@@ -90,23 +91,12 @@ def chain_vjp(modules: list, x, input_grad: bool, trains) -> tuple:
                         f"shape {shape}; dy must have the output's shape", module=module)
             dy = step(dy)
             if shape is not None and _anomaly.enabled:   # turned on after the forward
-                _check_finite(checked, dy)
+                check_backward(checked, dy)
             if dy is None:
                 return None
         return dy
 
     return x, backward
-
-
-def _check_finite(module, dx) -> None:
-    """The checks a child's guard makes under ``detect_anomaly`` after its backward."""
-    from ..vjp_protocol import check_finite
-
-    if dx is not None:
-        check_finite(module, dx, "backward (input gradient)")
-    for name, p in module._parameters.items():
-        if p is not None and p.grad is not None:
-            check_finite(module, p.grad, f"backward (gradient of {name})")
 
 
 def _linear_relu_vjp(linear: Linear, x, input_grad: bool):
