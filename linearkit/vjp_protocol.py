@@ -17,7 +17,7 @@ from . import anomaly as _anomaly
 from . import hooks as _hooks
 from .errors import AnomalyError, BackwardError, ShapeError, _Located
 
-__all__ = ["check_backward", "check_finite", "guarded_vjp"]
+__all__ = ["check_backward", "check_finite", "dy_shape_error", "guarded_vjp"]
 
 
 def guarded_vjp(vjp: Callable) -> Callable:
@@ -58,11 +58,7 @@ def guarded_vjp(vjp: Callable) -> Callable:
                 if not isinstance(dy, np.ndarray) or dy.dtype != dtype:
                     dy = np.asarray(dy, dtype=dtype)
                 if dy.shape != shape:
-                    raise ShapeError(
-                        f"backward got dy of shape {dy.shape}, but the forward output has shape "
-                        f"{shape}; dy must have the output's shape",
-                        module=self,
-                    ).with_root(self)
+                    raise dy_shape_error(self, dy.shape, shape)
                 grad = (dy,) + grad[1:]
             hooked_now = hooked and (_hooks.active or self._hooks)
             if hooked_now:
@@ -113,6 +109,12 @@ def check_finite(module, value, where: str) -> None:
     problem = _anomaly.first_nonfinite(value)
     if problem is not None:
         raise AnomalyError(f"detect_anomaly: {where} {problem}", module=module).with_root(module)
+
+
+def dy_shape_error(module, got: tuple, shape: tuple) -> ShapeError:
+    """The error for a backward's ``dy`` of shape ``got`` where the output had ``shape``."""
+    return ShapeError(f"backward got dy of shape {got}, but the forward output has shape "
+                      f"{shape}; dy must have the output's shape", module=module).with_root(module)
 
 
 def check_backward(module, dx) -> None:

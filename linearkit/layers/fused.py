@@ -27,8 +27,7 @@ from .. import fast
 from .. import functional as F
 from .. import hooks as _hooks
 from .. import precision as P
-from ..errors import ShapeError
-from ..vjp_protocol import check_backward
+from ..vjp_protocol import check_backward, dy_shape_error
 from .activation import GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
 from .linear import Identity, Linear, linear_backward_into
 
@@ -86,9 +85,7 @@ def chain_vjp(modules: list, x, input_grad: bool, trains) -> tuple:
                 if type(dy) is not np.ndarray or dy.dtype != dtype:
                     dy = np.asarray(dy, dtype=dtype)
                 if dy.shape != shape:
-                    raise ShapeError(
-                        f"backward got dy of shape {dy.shape}, but the forward output has "
-                        f"shape {shape}; dy must have the output's shape", module=module)
+                    raise dy_shape_error(module, dy.shape, shape)
             dy = step(dy)
             if shape is not None and _anomaly.enabled:   # turned on after the forward
                 check_backward(checked, dy)
