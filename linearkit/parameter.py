@@ -92,6 +92,29 @@ class Parameter:
             write(current, self._zeroed is not current)
         self._zeroed = None
 
+    def grad_buffer(self) -> tuple[np.ndarray, bool] | None:
+        """``add_grad(write=...)`` for a caller that writes into memory itself (a compiled
+        kernel): ``(buffer, accumulate)``, the ``.grad`` to overwrite (``accumulate`` False: it
+        was None, now a new uninitialized array, or zeroed in place) or to add into.
+
+        None, touching nothing, when ``.grad`` is not a C-contiguous array of ``data``'s shape
+        and dtype (or ``data`` is 16-bit): compute the contribution apart and pass it to
+        ``add_grad(grad)``. The caller must then write the whole buffer.
+        """
+        current, data = self.grad, self.data
+        if data.itemsize == 2:
+            return None
+        if current is None:
+            current = self.grad = np.empty(data.shape, data.dtype)
+            accumulate = False
+        elif (type(current) is np.ndarray and current.dtype == data.dtype
+              and current.shape == data.shape and current.flags.c_contiguous):
+            accumulate = self._zeroed is not current
+        else:
+            return None
+        self._zeroed = None
+        return current, accumulate
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """``grad = None``, or (``set_to_none=False``) fill it with zeros in place and reuse it."""
         if set_to_none:

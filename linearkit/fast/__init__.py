@@ -43,13 +43,15 @@ def available() -> bool:
 def kernels():
     """The kernels (numba imported on the first call), or None: ``adam_flat``, ``sgd_momentum``
     (optim), ``bias_relu_``, ``relu_``, ``relu_backward_into`` (layers/fused.py), ``outer_add_``
-    (one-row dW), ``softmax_ce_forward``/``_backward`` (CrossEntropyLoss)."""
+    (one-row dW), ``softmax_ce_forward``/``_backward`` (CrossEntropyLoss), ``chain`` (a
+    Sequential of Linear/ReLU/Residual as two calls: layers/compiled.py)."""
     global _loaded
     if not enabled():
         return None
     if _loaded is None:
         try:
-            from . import adam_kernel, elementwise_kernel, sgd_kernel, softmax_ce_kernel
+            from . import (adam_kernel, chain_kernel, elementwise_kernel, sgd_kernel,
+                           softmax_ce_kernel)
         except ImportError:      # numba absent or broken: the NumPy path, for good
             _loaded = False
         else:
@@ -59,7 +61,8 @@ def kernels():
                 relu_backward_into=elementwise_kernel.relu_backward_into,
                 outer_add_=elementwise_kernel.outer_add_,
                 softmax_ce_forward=softmax_ce_kernel.softmax_ce_forward,
-                softmax_ce_backward=softmax_ce_kernel.softmax_ce_backward)
+                softmax_ce_backward=softmax_ce_kernel.softmax_ce_backward,
+                chain=chain_kernel)
     return _loaded or None
 
 

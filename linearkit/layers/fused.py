@@ -28,6 +28,7 @@ from .. import functional as F
 from .. import hooks as _hooks
 from .. import precision as P
 from ..vjp_protocol import check_backward, dy_shape_error
+from . import compiled as _compiled
 from .activation import GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
 from .linear import Identity, Linear, linear_backward_into
 
@@ -55,7 +56,11 @@ def chain_vjp(modules: list, x, input_grad: bool, trains) -> tuple:
     path; returns ``(y, backward)``. ``trains(module)`` is Sequential's input_grad rule.
 
     An error needs no locating here: the Sequential's own guard names the failing child's path.
+    A chain the compiled kernels take (layers/compiled.py) runs there instead, same bits.
     """
+    compiled = _compiled.chain_vjp(modules, x, input_grad, trains)
+    if compiled is not None:
+        return compiled
     steps = []     # (backward, output shape, output dtype, module, its Linear); shape None: guarded
     need = input_grad
     i, n = 0, len(modules)

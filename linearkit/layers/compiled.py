@@ -1,0 +1,251 @@
+"""Sequential's compiled path: a chain of ``Linear [-> ReLU]`` units, and ``Residual`` blocks of
+them, run as one compiled forward and one compiled backward (``linearkit.fast``).
+
+On the thin path (layers/fused.py: no hooks, no anomaly mode, the default precision policy) a
+``Sequential`` whose steps are only ``Linear``, a ``ReLU`` right after a ``Linear``, nested
+``Sequential`` of those and ``Residual`` around them (not nested) runs through
+``fast/chain_kernel.py`` when its input is a C-contiguous 2-D array of the weights' dtype
+(float32 or float64) with at least 2 rows, every width is at least 2, and no parameter appears
+twice. The kernels call NumPy's own BLAS with NumPy's arguments (fast/blas.py) and repeat the
+NumPy path's elementwise operations: outputs, ``dx`` and gradients are bitwise the thin path's
+(tests/test_compiled_chain.py). Gradients are written through ``Parameter.grad_buffer`` (into a
+zeroed ``.grad``, into a new one, or added), as ``add_grad`` would.
+
+The BLAS thread policy (linearkit.threads) is asked once per kernel, for the chain's largest
+GEMM, instead of once per GEMM. Anything else takes the thin path, which also raises every
+error (a wrong width, a Residual that changes the shape) naming the child. So does every chain
+while ``tracemalloc`` is tracing: it cannot see the arrays numba allocates (the backward's
+temporaries), and memory measurements (linearkit.checkpoint_measure, the ledger's checks) must
+see what the thin path allocates; the kernels allocate the same arrays at the same points.
+"""
+
+from __future__ import annotations
+
+from _tracemalloc import is_tracing  # the C half of tracemalloc: no import cost
+
+import numpy as np
+
+from .. import anomaly as _anomaly
+from .. import fast
+from .. import threads as _threads
+from ..fast import blas as _blas
+from ..fast import chain_flags as K
+from ..vjp_protocol import check_backward, check_finite
+from .activation import ReLU
+from .linear import Linear
+
+__all__ = ["chain_vjp"]
+
+_containers = None      # (Sequential, Residual), imported on first use (container imports us)
+
+
+class _Plan:
+    """What the kernels need besides the arrays a backward keeps (bookkeeping, not memory the
+    ledger counts as saved activations): the layers' arrays, flags and the largest GEMM."""
+
+    __slots__ = ("biases", "flags", "macs", "units", "weights")
+
+    def __init__(self, units, weights, biases, flags, macs):
+        self.units, self.weights, self.biases, self.flags, self.macs = (
+            units, weights, biases, flags, macs)
+
+
+def chain_vjp(modules: list, x, input_grad: bool, trains):
+    """``(y, backward)`` as ``fused.chain_vjp`` returns them, or None when the chain or ``x``
+    is not one the kernels take (the caller then runs the thin path).
+
+    The backward keeps what the thin path's closures would: ``x`` when the first layer needs
+    dW, each unit's output (in one workspace ``ws``), the final output only as a ReLU's mask.
+    """
+    if not (type(x) is np.ndarray and x.ndim == 2 and x.shape[0] >= 2
+            and x.flags.c_contiguous and fast.supports(x.dtype)) or is_tracing():
+        return None
+    units = []
+    if not _units(modules, units, False):
+        return None
+    plan = _plan(units, x, input_grad, trains)
+    if plan is None:
+        return None
+    kernels = fast.kernels()
+    blas = _blas.functions(x.dtype) if kernels is not None else None
+    if blas is None:
+        return None
+    k = kernels.chain
+    flags = plan.flags
+    rows, dtype = x.shape[0], x.dtype
+    one, zero = dtype.type(1), dtype.type(0)
+    ws = np.empty(k.workspace_size(rows, [w.shape[0] for w in plan.weights], flags), dtype)
+    out = np.empty((rows, plan.weights[-1].shape[0]), dtype)
+    if plan.macs >= _threads.switch_macs:
+        _threads.before_gemm(plan.macs)
+    k.chain_forward(blas[0], one, zero, x, plan.weights, plan.biases, flags, ws, out)
+    last = flags[-1]
+    mask = out if last & K.RELU and not last & K.RES_END else _nothing(dtype)
+    saved_x = x if flags[0] & K.NEED_DW else _nothing(dtype)
+
+    def backward(dy):
+        if not dy.flags.c_contiguous:
+            dy = np.ascontiguousarray(dy)
+        weight_grads, bias_grads, modes, apart = _grad_targets(plan)
+        if plan.macs >= _threads.switch_macs:
+            _threads.before_gemm(plan.macs)
+        dx, has_dx = k.chain_backward(blas[0], blas[1], one, zero, dy, saved_x, plan.weights,
+                                      plan.flags, ws, mask, weight_grads, bias_grads, modes,
+                                      _ones(dy.shape[0], dy.dtype))
+        for param, grad in apart:
+            param.add_grad(grad)
+        if _anomaly.enabled:      # turned on after the forward: each layer's gradients, then dx
+            for linear, _ in reversed(plan.units):
+                check_backward(linear, None)
+            if has_dx:
+                check_finite(plan.units[0][0], dx, "backward (input gradient)")
+        return dx if has_dx else None
+
+    return out, backward
+
+
+def _units(modules, units: list, in_residual: bool) -> bool:
+    """Append ``[linear, flags]`` for each unit of ``modules`` (in call order); False when a step
+    is not one the kernels run."""
+    global _containers
+    if _containers is None:
+        from .container import Residual, Sequential
+        _containers = (Sequential, Residual)
+    sequential, residual = _containers
+    i, n = 0, len(modules)
+    while i < n:
+        module = modules[i]
+        kind = type(module)
+        if module is None or module._hooks:
+            return False
+        if kind is Linear:
+            relu = i + 1 < n and type(modules[i + 1]) is ReLU and not modules[i + 1]._hooks
+            units.append([module, K.RELU if relu else 0])
+            i += 2 if relu else 1
+            continue
+        if kind is sequential:
+            if not _units(list(module._modules.values()), units, in_residual):
+                return False
+        elif kind is residual and not in_residual:
+            start = len(units)
+            if not _units([module.module], units, True) or len(units) == start:
+                return False
+            units[start][1] |= K.RES_START
+            units[-1][1] |= K.RES_END
+        else:
+            return False
+        i += 1
+    return True
+
+
+def _plan(units, x, input_grad: bool, trains) -> _Plan | None:
+    """The kernels' plan for ``units`` on ``x``, or None when a width, dtype or layout is not
+    theirs, a parameter is used twice, or the workspace would keep an output that no thin-path
+    closure keeps (a Residual's inner output without a ReLU, a frozen layer's input)."""
+    dtype = x.dtype
+    rows, width = x.shape
+    weights, biases, flags = [], [], []
+    seen = set()
+    need = input_grad
+    macs = 0
+    start_width = width
+    for linear, structure in units:
+        params = linear._parameters
+        w, b = params["weight"], params["bias"]
+        if w is None:                         # an unmaterialized LazyLinear
+            return None
+        wd = w.data
+        n_out, n_in = wd.shape
+        if (wd.dtype != dtype or not wd.flags.c_contiguous or n_in != width or n_out < 2
+                or n_in < 2 or id(w) in seen):
+            return None
+        seen.add(id(w))
+        f = structure
+        if structure & K.RES_START:
+            start_width = width
+        if structure & K.RES_END and n_out != start_width:
+            return None                       # the thin path raises Residual's ShapeError
+        if b is not None:
+            bd = b.data
+            if bd.dtype != dtype or not bd.flags.c_contiguous or id(b) in seen:
+                return None
+            seen.add(id(b))
+            f |= K.BIAS | (K.NEED_DB if b.requires_grad else 0)
+            biases.append(bd)
+        else:
+            biases.append(_nothing(dtype, 1))
+        if w.requires_grad:
+            f |= K.NEED_DW
+        if need:
+            f |= K.NEED_DX
+        need = need or trains(linear)
+        weights.append(wd)
+        flags.append(f)
+        macs = max(macs, rows * n_out * n_in)
+        width = n_out
+    if not _keeps_only_what_the_thin_path_keeps(flags):
+        return None
+    return _Plan(units, tuple(weights), tuple(biases), np.array(flags, np.int64), macs)
+
+
+def _keeps_only_what_the_thin_path_keeps(flags) -> bool:
+    """Whether every array the workspace holds is one a thin-path closure would keep: a unit's
+    output is a ReLU's mask (when its layer computes anything) or the next layer's input (when
+    that layer needs dW); a residual's sum, the next layer's input."""
+    needs = K.NEED_DW | K.NEED_DB | K.NEED_DX
+    last = len(flags) - 1
+    for i, f in enumerate(flags):
+        next_dw = i < last and flags[i + 1] & K.NEED_DW
+        as_mask = f & K.RELU and f & needs
+        if f & K.RES_END:
+            if not as_mask or (i < last and not next_dw):
+                return False
+        elif i < last and not (as_mask or next_dw):
+            return False
+    return True
+
+
+def _grad_targets(plan: _Plan):
+    """What the backward kernel writes dW/db into, per layer, and how (``grad_modes``); a
+    gradient whose ``.grad`` it cannot take is computed into a new array, added afterwards."""
+    flags = plan.flags
+    modes = np.zeros((len(flags), 2), np.int64)
+    weight_grads, bias_grads, apart = [], [], []
+    for i, (linear, _) in enumerate(plan.units):
+        f = flags[i]
+        params = linear._parameters
+        for column, (param, wanted, dummy, out) in enumerate((
+                (params["weight"], f & K.NEED_DW, plan.weights[i], weight_grads),
+                (params["bias"], f & K.NEED_DB, plan.biases[i], bias_grads))):
+            if not wanted:
+                out.append(dummy)
+                continue
+            target = param.grad_buffer()
+            if target is None:
+                target = (np.empty(param.data.shape, param.data.dtype), False)
+                apart.append((param, target[0]))
+            out.append(target[0])
+            modes[i, column] = 2 if target[1] else 1
+    return tuple(weight_grads), tuple(bias_grads), modes, apart
+
+
+_placeholders: dict = {}
+_ones_cache: dict = {}
+
+
+def _nothing(dtype, ndim: int = 2) -> np.ndarray:
+    """An empty array of ``dtype`` where the kernels want an array they will not read (the
+    bias of a layer without one, an input or output the backward does not keep)."""
+    key = (dtype.char, ndim)
+    a = _placeholders.get(key)
+    if a is None:
+        a = _placeholders[key] = np.zeros((0,) * ndim, dtype)
+    return a
+
+
+def _ones(rows: int, dtype) -> np.ndarray:
+    """``ones (rows,)`` of ``dtype`` (the bias gradient's GEMV), cached."""
+    a = _ones_cache.get(dtype.char)
+    if a is None or len(a) < rows:
+        a = _ones_cache[dtype.char] = np.ones(max(rows, 256), dtype)
+    return a[:rows]

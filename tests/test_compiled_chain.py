@@ -1,0 +1,260 @@
+"""Sequential's compiled path (layers/compiled.py, fast/chain_kernel.py) gives the thin path's bits.
+
+Each model runs the same forward and backward twice: through the two compiled kernels and with
+them switched off (the thin path, itself bitwise the guarded chain: tests/test_fused_chain.py).
+Outputs, input gradients and every parameter gradient must be bitwise equal, for each way a
+``.grad`` can be found (absent, zeroed in place, holding a contribution, not contiguous) and for
+frozen layers. Chains or inputs the kernels do not take must fall back, and the protocol's errors
+still name the child.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import linearkit as lk
+from linearkit.layers import compiled
+
+pytest.importorskip("numba", reason="the compiled chain needs numba (linearkit[fast])")
+
+DTYPES = [np.float32, np.float64]
+
+
+def _lin(a, b, dtype, rng, bias=True):
+    return lk.Linear(a, b, bias=bias, dtype=dtype, rng=rng)
+
+
+def _models(dtype, rng):
+    def lin(a, b, bias=True):
+        return _lin(a, b, dtype, rng, bias)
+
+    return {
+        "mlp": lk.Sequential(lin(12, 16), lk.ReLU(), lin(16, 16), lk.ReLU(), lin(16, 3)),
+        "recipe": lk.Sequential(lin(12, 16), lk.ReLU(),
+                                lk.Residual(lk.Sequential(lin(16, 16), lk.ReLU())), lin(16, 3)),
+        "no-bias": lk.Sequential(lin(12, 16, bias=False), lk.ReLU(), lin(16, 5, bias=False)),
+        "nested+residuals": lk.Sequential(
+            lk.Sequential(lin(12, 16), lk.ReLU()), lk.Residual(lk.Sequential(lin(16, 16),
+                                                                            lk.ReLU())),
+            lk.Residual(lk.Sequential(lin(16, 8), lk.ReLU(), lin(8, 16), lk.ReLU())),
+            lin(16, 4), lk.ReLU()),
+        "ends-in-residual": lk.Sequential(lin(12, 16), lk.ReLU(),
+                                          lk.Residual(lk.Sequential(lin(16, 16), lk.ReLU()))),
+    }
+
+
+class _Count:
+    """Counts the compiled forwards (the kernel itself, so a silent fallback is noticed)."""
+
+    def __init__(self, monkeypatch):
+        chain = lk.fast.kernels().chain
+        real = chain.chain_forward
+        self.calls = 0
+
+        def spy(*args):
+            self.calls += 1
+            return real(*args)
+        monkeypatch.setattr(chain, "chain_forward", spy)
+
+
+def _run(model, x, dy, input_grad, use_kernels, monkeypatch, prepare=None):
+    with monkeypatch.context() as m:
+        if not use_kernels:
+            m.setattr(compiled, "chain_vjp", lambda *args: None)
+        if prepare is not None:
+            prepare(model)
+        y, backward = model.vjp(x, input_grad=input_grad)
+        dx = backward(dy)
+        grads = [None if p.grad is None else p.grad.copy() for p in model.parameters()]
+    return y.copy(), dx, grads
+
+
+def _same(a, b):
+    assert (a is None) == (b is None)
+    if a is not None:
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert a.tobytes() == b.tobytes()
+
+
+def _fresh(model):
+    model.zero_grad()                      # set_to_none: .grad is None
+
+
+def _zeroed(model):
+    for p in model.parameters():
+        p.grad = np.full_like(p.data, 7.0)
+        p.zero_grad(set_to_none=False)     # zeroed in place: overwritten
+
+
+def _holding(model):
+    for i, p in enumerate(model.parameters()):
+        p.grad = np.full_like(p.data, 0.25 * (i + 1))   # a contribution to add to
+
+
+def _strided(model):
+    for p in model.parameters():
+        p.grad = np.asfortranarray(np.full_like(p.data, 0.5)) if p.ndim == 2 else \
+            np.full(p.shape[0] * 2, 0.5, p.dtype)[::2]      # not C-contiguous: added apart
+
+
+def _frozen_prefix(model):
+    model.zero_grad()
+    first = next(m for m in model.modules() if type(m) is lk.Linear)
+    first.requires_grad_(False)
+    last = [m for m in model.modules() if type(m) is lk.Linear][-1]
+    if last.bias is not None:
+        last.bias.requires_grad = False
+
+
+GRADS = {"fresh": _fresh, "zeroed": _zeroed, "holding": _holding, "strided": _strided,
+         "frozen-prefix": _frozen_prefix}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["mlp", "recipe", "no-bias", "nested+residuals",
+                                  "ends-in-residual"])
+@pytest.mark.parametrize("grads", list(GRADS))
+@pytest.mark.parametrize("input_grad", [True, False])
+def test_compiled_chain_is_bitwise_the_thin_path(monkeypatch, dtype, name, grads, input_grad):
+    rng = np.random.default_rng(0)
+    model = _models(dtype, rng)[name]
+    x = rng.standard_normal((9, 12)).astype(dtype)
+    out = model(x).shape[-1]
+    dy = rng.standard_normal((9, out)).astype(dtype)
+    count = _Count(monkeypatch)
+    fast = _run(model, x, dy, input_grad, True, monkeypatch, GRADS[grads])
+    assert count.calls == 1
+    plain = _run(model, x, dy, input_grad, False, monkeypatch, GRADS[grads])
+    assert count.calls == 1
+    for a, b in zip(fast[:2], plain[:2]):
+        _same(a, b)
+    for a, b in zip(fast[2], plain[2]):
+        _same(a, b)
+
+
+def test_training_steps_match_the_thin_path_bitwise(monkeypatch):
+    """Twenty Adam steps of the recipe's shape (zero_grad in place, as the README's loop)."""
+    results = []
+    for use_kernels in (True, False):
+        rng = np.random.default_rng(4)
+        model = _models(np.float32, rng)["recipe"]
+        opt = lk.optim.Adam(model.parameters(), lr=1e-2)
+        loss_fn = lk.CrossEntropyLoss()
+        with monkeypatch.context() as m:
+            if not use_kernels:
+                m.setattr(compiled, "chain_vjp", lambda *args: None)
+            for step in range(20):
+                x = rng.standard_normal((32, 12)).astype(np.float32)
+                y = rng.integers(0, 3, 32)
+                lk.loop.step(model, loss_fn, opt, x, y)
+        results.append([p.data.copy() for p in model.parameters()])
+    for a, b in zip(*results):
+        _same(a, b)
+
+
+@pytest.mark.parametrize("case", ["one-row", "3-d", "width-1", "shared", "hook", "f-order",
+                                  "lazy", "dropout", "relu-first", "residual-without-relu",
+                                  "frozen-middle-without-relu"])
+def test_what_the_kernels_do_not_take_falls_back_with_the_same_values(monkeypatch, case):
+    rng = np.random.default_rng(1)
+    lin = _lin(12, 16, np.float32, rng)
+    x = rng.standard_normal((9, 12)).astype(np.float32)
+    if case == "one-row":
+        model, x = lk.Sequential(lin, lk.ReLU(), _lin(16, 3, np.float32, rng)), x[:1]
+    elif case == "3-d":
+        model, x = lk.Sequential(lin, _lin(16, 3, np.float32, rng)), x.reshape(3, 3, 12)
+    elif case == "width-1":
+        model = lk.Sequential(lin, lk.ReLU(), _lin(16, 1, np.float32, rng))
+    elif case == "shared":
+        square = _lin(16, 16, np.float32, rng)
+        model = lk.Sequential(lin, square, lk.ReLU(), square)
+    elif case == "hook":
+        model = lk.Sequential(lin, lk.ReLU(), _lin(16, 3, np.float32, rng))
+        model[1].register_forward_hook(lambda *args: None)
+    elif case == "f-order":
+        model, x = lk.Sequential(lin, _lin(16, 3, np.float32, rng)), np.asfortranarray(x)
+    elif case == "lazy":
+        model = lk.Sequential(lin, lk.LazyLinear(3))
+    elif case == "dropout":
+        model = lk.Sequential(lin, lk.Dropout(0.0), _lin(16, 3, np.float32, rng))
+    elif case == "residual-without-relu":       # its inner output: kept by no closure
+        model = lk.Sequential(lin, lk.Residual(_lin(16, 16, np.float32, rng)),
+                              _lin(16, 3, np.float32, rng))
+    elif case == "frozen-middle-without-relu":  # layer 0's output: no mask, no frozen dW
+        model = lk.Sequential(lin, _lin(16, 16, np.float32, rng), _lin(16, 3, np.float32, rng))
+        model[1].requires_grad_(False)
+        model[0].requires_grad_(False)
+    else:
+        model = lk.Sequential(lk.ReLU(), lin)
+    count = _Count(monkeypatch)
+    width = {"width-1": 1, "shared": 16, "relu-first": 16}.get(case, 3)
+    dy = np.ones(x.shape[:-1] + (width,), np.float32)
+    fast = _run(model, x, dy, True, True, monkeypatch, _fresh)   # (a LazyLinear materializes)
+    assert count.calls == 0
+    plain = _run(model, x, dy, True, False, monkeypatch, _fresh)
+    for a, b in zip(fast[:2], plain[:2]):
+        _same(a, b)
+    for a, b in zip(fast[2], plain[2]):
+        _same(a, b)
+
+
+def test_a_residual_that_changes_the_shape_still_raises_naming_it():
+    rng = np.random.default_rng(2)
+    model = lk.Sequential(_lin(12, 16, np.float32, rng),
+                          lk.Residual(lk.Sequential(_lin(16, 8, np.float32, rng))))
+    with pytest.raises(lk.ShapeError, match=r"residual") as err:
+        model.vjp(np.ones((4, 12), np.float32))
+    assert "1" in str(err.value)
+
+
+def test_protocol_errors_hold_on_the_compiled_path(monkeypatch):
+    rng = np.random.default_rng(3)
+    model = _models(np.float32, rng)["recipe"]
+    x = rng.standard_normal((9, 12)).astype(np.float32)
+    count = _Count(monkeypatch)
+    y, backward = model.vjp(x)
+    assert count.calls == 1
+    with pytest.raises(lk.ShapeError, match="dy of shape"):
+        backward(np.ones((9, 4), np.float32))
+    y, backward = model.vjp(x)
+    backward(np.ones_like(y))
+    with pytest.raises(lk.BackwardError):
+        backward(np.ones_like(y))
+
+
+def test_anomaly_switched_on_after_the_forward_is_still_checked(monkeypatch):
+    rng = np.random.default_rng(5)
+    model = _models(np.float32, rng)["mlp"]
+    x = rng.standard_normal((9, 12)).astype(np.float32)
+    count = _Count(monkeypatch)
+    y, backward = model.vjp(x)
+    assert count.calls == 1
+    dy = np.ones_like(y)
+    dy[0, 0] = np.inf
+    with lk.detect_anomaly(), pytest.raises(lk.AnomalyError, match="gradient of"):
+        backward(dy)
+
+
+def test_the_plan_skips_what_the_thin_path_skips():
+    """No dX for the first layer without input_grad; nothing at all for a frozen prefix (the
+    backward kernel stops there); no dW/db for frozen parameters."""
+    from linearkit.fast import chain_flags as K
+    from linearkit.layers.container import trains
+
+    rng = np.random.default_rng(6)
+    model = lk.Sequential(_lin(5, 4, np.float32, rng), lk.ReLU(), _lin(4, 3, np.float32, rng))
+    x = np.ones((3, 5), np.float32)
+    for input_grad in (False, True):
+        units = []
+        assert compiled._units(list(model), units, False)
+        flags = compiled._plan(units, x, input_grad, trains).flags
+        assert bool(flags[0] & K.NEED_DX) == input_grad and flags[1] & K.NEED_DX
+        assert all(f & K.NEED_DW and f & K.NEED_DB for f in flags)
+    model[0].requires_grad_(False)
+    model[2].bias.requires_grad = False
+    units = []
+    compiled._units(list(model), units, False)
+    flags = compiled._plan(units, x, False, trains).flags
+    assert flags[0] & (K.NEED_DW | K.NEED_DB | K.NEED_DX) == 0
+    assert flags[1] & K.NEED_DW and not flags[1] & K.NEED_DB and not flags[1] & K.NEED_DX
