@@ -8,6 +8,7 @@ optimizers that match PyTorch. See README.md.
 from . import functional, hooks, init, loop, optim, precision
 from .anomaly import detect_anomaly
 from .checkpointing import Checkpoint, checkpoint, checkpoint_sequential
+from .denormal import set_flush_denormal
 from .errors import AnomalyError, BackwardError, DTypeError, FormatError, ShapeError
 from .layers import (
     GELU,
@@ -93,6 +94,7 @@ __all__ = [
     "optim",
     "precision",
     "save",
+    "set_flush_denormal",
     "set_num_threads",
     "threads",
     "transforms",
