@@ -208,13 +208,44 @@ def recipe(rec) -> None:
         return time.perf_counter() - start
 
     recipe_variants(rec, once, lambda: lk.threads.num_threads(1))
-    rec.guarded("train-cli", recipe_timing, cli_path(x_all, y_all, steps),
-                rec.cfg["recipe_repeats"], steps)
+    repeats = rec.cfg["recipe_repeats"]
+    rec.guarded("train-cli", recipe_timing, cli_path(x_all, y_all, steps), repeats, steps)
+    if rec.cfg.get("quick"):
+        return
+    rec.guarded("train-thin", recipe_timing, without_compiled_chain(once), repeats, steps)
+    rec.guarded("train-flush", recipe_timing, flushing_denormals(once), repeats, steps)
+
+
+def without_compiled_chain(once):
+    """``once`` with Sequential's compiled chain off (the thin path: layers/fused.py)."""
+    from linearkit.layers import compiled
+
+    def run() -> float:
+        real = compiled.chain_vjp
+        compiled.chain_vjp = lambda *args: None
+        try:
+            return once()
+        finally:
+            compiled.chain_vjp = real
+    return run
+
+
+def flushing_denormals(once):
+    """``once`` under ``lk.set_flush_denormal(True)`` (subnormals as zero, as JAX computes)."""
+    def run() -> float:
+        if not lk.set_flush_denormal(True):
+            raise RuntimeError("set_flush_denormal is not supported on this platform")
+        try:
+            return once()
+        finally:
+            lk.set_flush_denormal(False)
+    return run
 
 
 def cli_path(x_all, y_all, steps: int):
-    """One run of ``linearkit.train.train`` (what ``linearkit train`` runs) on the synthetic
-    data, evaluation off; its own timer (the training loop only, loader included)."""
+    """One run of ``linearkit.train.train`` (what ``linearkit train`` runs, subnormals flushed
+    as its default) on the synthetic data, evaluation off; its own timer (the training loop
+    only, loader included)."""
     from types import SimpleNamespace
 
     from linearkit.train import train
@@ -223,7 +254,8 @@ def cli_path(x_all, y_all, steps: int):
                               y_test=y_all[:1000])
 
     def once() -> float:
-        _, result = train("mlp", steps=steps, dataset=dataset, eval_every=0)
+        _, result = train("mlp", steps=steps, dataset=dataset, eval_every=0,
+                          flush_denormal=True)     # as the command does by default
         return result.seconds
 
     return once

@@ -264,6 +264,10 @@ def recipe_section(v: View):
     rows = []
     for fw, case, label in (("linearkit", "train-cli", "linearkit.train.train (`linearkit train`)"),
                             ("linearkit", "train", "linearkit, documented step loop"),
+                            ("linearkit", "train-thin",
+                             "linearkit, step loop without the compiled chain (thin path)"),
+                            ("linearkit", "train-flush",
+                             "linearkit, step loop under lk.set_flush_denormal(True)"),
                             ("torch", "train", "PyTorch eager (default Adam)"),
                             ("torch", "train-fused", "PyTorch eager (fused Adam)"),
                             ("numpy", "train", "hand-written NumPy"),
@@ -271,7 +275,7 @@ def recipe_section(v: View):
                             ("linearkit", "train-1thread", "linearkit, BLAS on 1 thread"),
                             ("numpy", "train-1thread", "hand-written NumPy, BLAS on 1 thread"),
                             ("torch", "train-1thread", "PyTorch eager, torch.set_num_threads(1)")):
-        optional = case in ("train-1thread", "train-cli")
+        optional = case in ("train-1thread", "train-cli", "train-thin", "train-flush")
         w = v.worker("recipe", fw) or {}
         if optional and case not in w.get("results", {}) and case not in w.get("errors", {}):
             continue
@@ -289,7 +293,10 @@ def recipe_section(v: View):
         "batches gathered by index each step; model built outside the timed region; median of "
         f"{v.meta.get('config', {}).get('recipe_repeats', 3)} runs. `linearkit.train.train` is "
         "the command's own loop (its DataLoader, its BLAS-thread choice, evaluation off), timed "
-        "by itself; the other rows are the documented step on pre-drawn index batches.")
+        "by itself; the other rows are the documented step on pre-drawn index batches. "
+        "`set_flush_denormal(True)` treats subnormal floats as zero (as JAX's CPU backend does "
+        "by default); the default keeps them, as PyTorch does (docs/performance.md, "
+        "\"Subnormals\").")
 
 
 def e2e_section(v: View):

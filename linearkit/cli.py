@@ -126,9 +126,11 @@ def _launch_ranks(args: argparse.Namespace, ranks: int, out: str) -> int:
         raise UsageError(f"argument --ranks: {exc}") from None
     argv = ["train"]
     for key, value in vars(args).items():
+        flag = "--" + key.replace("_", "-")
+        if key == "flush_denormal" and value is False:   # on by default: say it is off
+            argv.append("--no-flush-denormal")
         if key in ("run", "command") or value is None or value is False:
             continue
-        flag = "--" + key.replace("_", "-")
         argv += [flag] if value is True else [flag, str(value)]
     argv[argv.index("--ranks") + 1] = str(ranks)
     argv += [] if args.out else ["--out", out]
@@ -214,7 +216,7 @@ def _train(args: argparse.Namespace) -> int:
                                   batch_size=args.batch_size, seed=args.seed,
                                   eval_every=args.eval_every, progress=each_step, dataset=data,
                                   threads=args.threads, precision=args.precision,
-                                  distributed=inside)
+                                  distributed=inside, flush_denormal=args.flush_denormal)
     finally:
         if bar is not None:
             bar.leave = not sys.exc_info()[0]  # interrupted: clear the bar, keep one line
@@ -227,6 +229,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.json:
         record = {k: v for k, v in result.to_dict().items() if k != "history"}
         record["out"] = out
+        record["flush_denormal"] = args.flush_denormal
         _print_json(record)
         return 0
     print(model)
@@ -483,6 +486,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="data-parallel over N MPI ranks: relaunches itself under mpirun -n "
                             "N (the mpi extra); --batch-size stays the global batch, split "
                             "across the ranks; rank 0 saves and reports (docs/distributed.md)")
+    train.add_argument("--flush-denormal", action=argparse.BooleanOptionalAction, default=True,
+                       help="treat subnormal floats as zero while training, as JAX does "
+                            "(linearkit.set_flush_denormal; faster once ReLU units die, same "
+                            "accuracy here); --no-flush-denormal computes them exactly, as "
+                            "PyTorch does")
     train.add_argument("--out", default=None,
                        help="where to save the weights (.safetensors); default: "
                             "runs/mnist1d-MODEL.safetensors")

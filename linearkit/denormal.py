@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import functools
 import sys
+from contextlib import contextmanager
 
-__all__ = ["set_flush_denormal"]
+__all__ = ["flush_denormal", "set_flush_denormal"]
 
 _X86_FTZ_DAZ = 0x8040          # MXCSR: flush-to-zero (bit 15), denormals-are-zero (bit 6)
 _ARM_FZ = 1 << 24              # FPCR: flush-to-zero
@@ -47,17 +48,54 @@ def set_flush_denormal(mode: bool) -> bool:
     >>> float(tiny * np.float32(1)) > 0
     True
     """
+    current = _read()
+    if current is None:
+        return False
+    buffer, word, bits = current
+    return _write(buffer, word | bits if mode else word & ~bits)
+
+
+@contextmanager
+def flush_denormal(mode: bool = True):
+    """``set_flush_denormal(mode)`` inside a ``with`` block; the thread's previous mode is put
+    back afterwards, also on an error. Yields whether the platform supports it.
+
+    Examples
+    --------
+    >>> import numpy as np, linearkit as lk
+    >>> with lk.denormal.flush_denormal() as supported:
+    ...     assert not supported or np.float32(1e-39) * np.float32(1) == 0
+    >>> float(np.float32(1e-39) * np.float32(1)) > 0
+    True
+    """
+    before = _read()
+    if before is None:
+        yield False
+        return
+    buffer, word, bits = before
+    _write(buffer, word | bits if mode else word & ~bits)
+    try:
+        yield True
+    finally:
+        _write(buffer, word)
+
+
+def _read():
+    """``(fenv buffer, control word, its flush bits)`` of this thread, or None (unsupported)."""
     env = _env()
     if env is None:
-        return False
+        return None
     import ctypes
 
     libc, size, offset, bits = env
     buffer = ctypes.create_string_buffer(size)
     if libc.fegetenv(buffer) != 0:
-        return False
-    word = int.from_bytes(buffer.raw[offset:offset + 4], sys.byteorder)
-    word = word | bits if mode else word & ~bits
+        return None
+    return buffer, int.from_bytes(buffer.raw[offset:offset + 4], sys.byteorder), bits
+
+
+def _write(buffer, word: int) -> bool:
+    libc, _, offset, _ = _env()
     buffer[offset:offset + 4] = word.to_bytes(4, sys.byteorder)
     return libc.fesetenv(buffer) == 0
 

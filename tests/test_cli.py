@@ -16,6 +16,7 @@ def test_train_json_saves_weights_that_reload(tmp_path, capsys):
     assert set(record) >= {"test_accuracy", "train_accuracy", "steps", "seconds", "params"}
     assert record["steps"] == 60 and record["params"] == 15210
     assert 0.1 < record["test_accuracy"] <= 1.0
+    assert record["flush_denormal"] is True           # the command's default
     from linearkit.train import build_model
 
     model = lk.load(out, build_model("mlp"))
@@ -23,6 +24,19 @@ def test_train_json_saves_weights_that_reload(tmp_path, capsys):
     from linearkit.train import accuracy
 
     assert accuracy(model, data.x_test, data.y_test) == pytest.approx(record["test_accuracy"])
+
+
+def test_train_no_flush_denormal_gives_the_same_weights_here(tmp_path, capsys):
+    """The recipe's subnormals never reach a weight: both modes save the same bits."""
+    outs = []
+    for flag in ("--flush-denormal", "--no-flush-denormal"):
+        out = tmp_path / f"{flag}.safetensors"
+        assert main(["train", "--steps", "300", "--json", "--eval-every", "0", flag,
+                     "--out", str(out)]) == 0
+        assert json.loads(capsys.readouterr().out)["flush_denormal"] is (flag[2] == "f")
+        outs.append(lk.load(out))
+    for key in outs[0]:
+        assert outs[0][key].tobytes() == outs[1][key].tobytes()
 
 
 def test_train_linear_prints_paper_table(tmp_path, capsys):
