@@ -258,3 +258,33 @@ def test_the_plan_skips_what_the_thin_path_skips():
     flags = compiled._plan(units, x, False, trains).flags
     assert flags[0] & (K.NEED_DW | K.NEED_DB | K.NEED_DX) == 0
     assert flags[1] & K.NEED_DW and not flags[1] & K.NEED_DB and not flags[1] & K.NEED_DX
+
+
+@pytest.mark.parametrize("change", ["freeze", "new-data", "new-module", "fewer-rows", "hook",
+                                    "input-grad"])
+def test_the_kept_plan_follows_every_change_to_the_model(monkeypatch, change):
+    """Sequential keeps its plan between calls; whatever the plan was made from may change."""
+    rng = np.random.default_rng(7)
+    model = _models(np.float32, rng)["recipe"]
+    x = rng.standard_normal((9, 12)).astype(np.float32)
+    dy = rng.standard_normal((9, 3)).astype(np.float32)
+    _run(model, x, dy, True, True, monkeypatch, _fresh)          # the plan is kept now
+    input_grad = True
+    if change == "freeze":
+        model[2].module[0].weight.requires_grad = False
+    elif change == "new-data":
+        model[0].weight.data = rng.standard_normal((16, 12)).astype(np.float32)
+    elif change == "new-module":
+        model[3] = _lin(16, 3, np.float32, rng)
+    elif change == "fewer-rows":
+        x, dy = x[:4], dy[:4]
+    elif change == "hook":
+        model[1].register_forward_hook(lambda *args: None)
+    else:
+        input_grad = False
+    fast = _run(model, x, dy, input_grad, True, monkeypatch, _fresh)
+    plain = _run(model, x, dy, input_grad, False, monkeypatch, _fresh)
+    for a, b in zip(fast[:2], plain[:2]):
+        _same(a, b)
+    for a, b in zip(fast[2], plain[2]):
+        _same(a, b)

@@ -43,16 +43,18 @@ class _Plan:
     """What the kernels need besides the arrays a backward keeps (bookkeeping, not memory the
     ledger counts as saved activations): the layers' arrays, flags and the largest GEMM."""
 
-    __slots__ = ("biases", "flags", "macs", "units", "weights")
+    __slots__ = ("biases", "flags", "macs", "units", "weights", "ws_per_row")
 
-    def __init__(self, units, weights, biases, flags, macs):
+    def __init__(self, units, weights, biases, flags, macs, ws_per_row):
         self.units, self.weights, self.biases, self.flags, self.macs = (
             units, weights, biases, flags, macs)
+        self.ws_per_row = ws_per_row       # workspace elements per row of x
 
 
-def chain_vjp(modules: list, x, input_grad: bool, trains):
+def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None):
     """``(y, backward)`` as ``fused.chain_vjp`` returns them, or None when the chain or ``x``
-    is not one the kernels take (the caller then runs the thin path).
+    is not one the kernels take (the caller then runs the thin path). ``owner`` (the
+    Sequential) keeps the last plan, reused while its layers, arrays and flags are the same.
 
     The backward keeps what the thin path's closures would: ``x`` when the first layer needs
     dW, each unit's output (in one workspace ``ws``), the final output only as a ReLU's mask.
@@ -63,7 +65,7 @@ def chain_vjp(modules: list, x, input_grad: bool, trains):
     units = []
     if not _units(modules, units, False):
         return None
-    plan = _plan(units, x, input_grad, trains)
+    plan = _cached_plan(owner, units, x, input_grad, trains)
     if plan is None:
         return None
     kernels = fast.kernels()
@@ -74,7 +76,7 @@ def chain_vjp(modules: list, x, input_grad: bool, trains):
     flags = plan.flags
     rows, dtype = x.shape[0], x.dtype
     one, zero = dtype.type(1), dtype.type(0)
-    ws = np.empty(k.workspace_size(rows, [w.shape[0] for w in plan.weights], flags), dtype)
+    ws = np.empty(rows * plan.ws_per_row, dtype)
     out = np.empty((rows, plan.weights[-1].shape[0]), dtype)
     if plan.macs >= _threads.switch_macs:
         _threads.before_gemm(plan.macs)
@@ -138,6 +140,29 @@ def _units(modules, units: list, in_residual: bool) -> bool:
     return True
 
 
+def _cached_plan(owner, units, x, input_grad: bool, trains) -> _Plan | None:
+    """``_plan``, or the one ``owner`` kept when nothing it was made from changed: the same
+    modules, Parameters and arrays (by identity: the plan holds them, so no id is reused while
+    it is kept), the same requires_grad flags, input dtype, width and ``input_grad``."""
+    key = [x.dtype.char, x.shape[1], input_grad]
+    for linear, structure in units:
+        params = linear._parameters
+        w, b = params["weight"], params["bias"]
+        key += (id(linear), structure, id(w), id(b))
+        if w is not None:
+            key += (id(w.data), w.requires_grad)
+        if b is not None:
+            key += (id(b.data), b.requires_grad)
+    if owner is None:
+        return _plan(units, x, input_grad, trains)
+    kept = owner.__dict__.get("_compiled_plan")
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    plan = _plan(units, x, input_grad, trains)
+    object.__setattr__(owner, "_compiled_plan", (key, plan))
+    return plan
+
+
 def _plan(units, x, input_grad: bool, trains) -> _Plan | None:
     """The kernels' plan for ``units`` on ``x``, or None when a width, dtype or layout is not
     theirs, a parameter is used twice, or the workspace would keep an output that no thin-path
@@ -185,7 +210,12 @@ def _plan(units, x, input_grad: bool, trains) -> _Plan | None:
         width = n_out
     if not _keeps_only_what_the_thin_path_keeps(flags):
         return None
-    return _Plan(units, tuple(weights), tuple(biases), np.array(flags, np.int64), macs)
+    per_row = 0
+    for i, (w, f) in enumerate(zip(weights, flags)):   # fast/chain_kernel.py's workspace_size
+        last = i == len(flags) - 1
+        per_row += w.shape[0] * ((not last or bool(f & K.RES_END)) + (bool(f & K.RES_END)
+                                                                      and not last))
+    return _Plan(units, tuple(weights), tuple(biases), np.array(flags, np.int64), macs, per_row)
 
 
 def _keeps_only_what_the_thin_path_keeps(flags) -> bool:

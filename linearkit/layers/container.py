@@ -98,7 +98,7 @@ class Sequential(Module):
         frozen prefix is not visited in backward at all.
         """
         if _fused.thin_path():
-            return _fused.chain_vjp(list(self._modules.values()), x, input_grad, trains)
+            return _fused.chain_vjp(list(self._modules.values()), x, input_grad, trains, self)
         backwards = []
         need = input_grad
         for module in self._modules.values():

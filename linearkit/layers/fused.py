@@ -51,14 +51,15 @@ def _fusable(following) -> bool:
     return type(following) is ReLU and not following._hooks
 
 
-def chain_vjp(modules: list, x, input_grad: bool, trains) -> tuple:
+def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None) -> tuple:
     """Run ``modules`` as ``Sequential.vjp`` does (see there for ``input_grad``), on the thin
     path; returns ``(y, backward)``. ``trains(module)`` is Sequential's input_grad rule.
 
     An error needs no locating here: the Sequential's own guard names the failing child's path.
-    A chain the compiled kernels take (layers/compiled.py) runs there instead, same bits.
+    A chain the compiled kernels take (layers/compiled.py) runs there instead, same bits;
+    ``owner`` (the Sequential) keeps its plan.
     """
-    compiled = _compiled.chain_vjp(modules, x, input_grad, trains)
+    compiled = _compiled.chain_vjp(modules, x, input_grad, trains, owner)
     if compiled is not None:
         return compiled
     steps = []     # (backward, output shape, output dtype, module, its Linear); shape None: guarded
