@@ -295,8 +295,8 @@ def recipe_section(v: View):
         "the command's own loop (its DataLoader, its BLAS-thread choice, evaluation off), timed "
         "by itself; the other rows are the documented step on pre-drawn index batches. "
         "`set_flush_denormal(True)` treats subnormal floats as zero (as JAX's CPU backend does "
-        "by default); the default keeps them, as PyTorch does (docs/performance.md, "
-        "\"Subnormals\").")
+        "by default); the default keeps them, as PyTorch does; `linearkit train` flushes them "
+        "(fast.md, \"Subnormal floats\").")
 
 
 def e2e_section(v: View):
