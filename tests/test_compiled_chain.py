@@ -208,13 +208,19 @@ def test_a_residual_that_changes_the_shape_still_raises_naming_it():
     assert "1" in str(err.value)
 
 
-def test_protocol_errors_hold_on_the_compiled_path(monkeypatch):
-    rng = np.random.default_rng(3)
-    model = _models(np.float32, rng)["recipe"]
+def _compiled_vjp(monkeypatch, name: str, seed: int):
+    """``(model, x, y, backward)``: one vjp of a float32 model, checked to be compiled."""
+    rng = np.random.default_rng(seed)
+    model = _models(np.float32, rng)[name]
     x = rng.standard_normal((9, 12)).astype(np.float32)
     count = _Count(monkeypatch)
     y, backward = model.vjp(x)
     assert count.calls == 1
+    return model, x, y, backward
+
+
+def test_protocol_errors_hold_on_the_compiled_path(monkeypatch):
+    model, x, y, backward = _compiled_vjp(monkeypatch, "recipe", 3)
     with pytest.raises(lk.ShapeError, match="dy of shape"):
         backward(np.ones((9, 4), np.float32))
     y, backward = model.vjp(x)
@@ -224,12 +230,7 @@ def test_protocol_errors_hold_on_the_compiled_path(monkeypatch):
 
 
 def test_anomaly_switched_on_after_the_forward_is_still_checked(monkeypatch):
-    rng = np.random.default_rng(5)
-    model = _models(np.float32, rng)["mlp"]
-    x = rng.standard_normal((9, 12)).astype(np.float32)
-    count = _Count(monkeypatch)
-    y, backward = model.vjp(x)
-    assert count.calls == 1
+    _, _, y, backward = _compiled_vjp(monkeypatch, "mlp", 5)
     dy = np.ones_like(y)
     dy[0, 0] = np.inf
     with lk.detect_anomaly(), pytest.raises(lk.AnomalyError, match="gradient of"):
