@@ -50,8 +50,13 @@ def kernels():
         return None
     if _loaded is None:
         try:
-            from . import (adam_kernel, chain_kernel, elementwise_kernel, sgd_kernel,
-                           softmax_ce_kernel)
+            from . import (
+                adam_kernel,
+                chain_kernel,
+                elementwise_kernel,
+                sgd_kernel,
+                softmax_ce_kernel,
+            )
         except ImportError:      # numba absent or broken: the NumPy path, for good
             _loaded = False
         else:

@@ -7,10 +7,11 @@ same arguments), and every elementwise step is the NumPy path's operation in its
 (tests/test_compiled_chain.py runs both). What the chain saves is the Python between the calls:
 ~3-5 us per NumPy call and per closure, about 40 of them in the recipe's step.
 
-Layer ``i`` of the chain is ``weights[i] (out, in)``, ``biases[i] (out,)`` and ``flags[i]``, a
-sum of fast/chain_flags.py's bits. ``ws`` (1-D) holds what the backward reads: each unit's output ``z_i
-(B, out)`` (its ReLU's output when it has one) and, after a residual's last unit, the block's
-output ``skip + z``; the chain's final output goes to ``out`` instead. All arrays C-contiguous,
+Layer ``i`` of the chain is ``weights[i] (out, in)``, ``biases[i] (out,)`` and ``flags[i]``,
+a sum of fast/chain_flags.py's bits. ``ws`` (1-D, ``chain_flags.workspace_per_row`` elements
+per row) holds what the backward reads: each unit's output ``z_i (B, out)`` (its ReLU's output
+when it has one) and, after a residual's last unit, the block's output ``skip + z``; the
+chain's final output goes to ``out`` instead. All arrays C-contiguous,
 one dtype (float32 or float64); every dimension at least 2 (NumPy calls GEMV otherwise).
 """
 
@@ -23,24 +24,11 @@ from .blas import NO_TRANS, ROW_MAJOR, TRANS
 from .chain_flags import BIAS, NEED_DB, NEED_DW, NEED_DX, RELU, RES_END, RES_START
 from .elementwise_kernel import bias_relu_, relu_, relu_backward_into
 
-__all__ = ["chain_backward", "chain_forward", "workspace_size"]
+__all__ = ["chain_backward", "chain_forward"]
 
 # grad_modes[i, 0|1] for dW|db: 0 not computed, 1 overwrite the buffer, 2 add into it
 
 _JIT = {"cache": True, "error_model": "numpy", "fastmath": False, "nogil": True}
-
-
-def workspace_size(rows: int, outs, flags) -> int:
-    """Elements of ``ws`` for a chain of ``rows`` rows: each unit's output and each residual's
-    sum, except the chain's final output (in ``out``)."""
-    size = 0
-    last = len(outs) - 1
-    for i, (n, f) in enumerate(zip(outs, flags)):
-        if i != last or f & RES_END:      # z_i (the last unit's is ``out``, unless a sum follows)
-            size += rows * n
-        if f & RES_END and i != last:     # the residual's sum
-            size += rows * n
-    return size
 
 
 @numba.njit(**_JIT)

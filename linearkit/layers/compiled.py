@@ -210,11 +210,7 @@ def _plan(units, x, input_grad: bool, trains) -> _Plan | None:
         width = n_out
     if not _keeps_only_what_the_thin_path_keeps(flags):
         return None
-    per_row = 0
-    for i, (w, f) in enumerate(zip(weights, flags)):   # fast/chain_kernel.py's workspace_size
-        last = i == len(flags) - 1
-        per_row += w.shape[0] * ((not last or bool(f & K.RES_END)) + (bool(f & K.RES_END)
-                                                                      and not last))
+    per_row = K.workspace_per_row([w.shape[0] for w in weights], flags)
     return _Plan(units, tuple(weights), tuple(biases), np.array(flags, np.int64), macs, per_row)
 
 
