@@ -97,8 +97,8 @@ class Parameter:
         kernel): ``(buffer, accumulate)``, the ``.grad`` to overwrite (``accumulate`` False: it
         was None, now a new uninitialized array, or zeroed in place) or to add into.
 
-        None, touching nothing, when ``.grad`` is not a C-contiguous array of ``data``'s shape
-        and dtype (or ``data`` is 16-bit): compute the contribution apart and pass it to
+        None, touching nothing, when ``.grad`` is not a C-contiguous, aligned, writeable array
+        of ``data``'s shape and dtype (or ``data`` is 16-bit): compute the contribution apart and pass it to
         ``add_grad(grad)``. The caller must then write the whole buffer.
         """
         current, data = self.grad, self.data
@@ -108,7 +108,8 @@ class Parameter:
             current = self.grad = np.empty(data.shape, data.dtype)
             accumulate = False
         elif (type(current) is np.ndarray and current.dtype == data.dtype
-              and current.shape == data.shape and current.flags.c_contiguous):
+              and current.shape == data.shape and current.flags.c_contiguous
+              and current.flags.aligned and current.flags.writeable):
             accumulate = self._zeroed is not current
         else:
             return None

@@ -155,7 +155,8 @@ def test_training_steps_match_the_thin_path_bitwise(monkeypatch):
 
 @pytest.mark.parametrize("case", ["one-row", "3-d", "width-1", "shared", "hook", "f-order",
                                   "lazy", "dropout", "relu-first", "residual-without-relu",
-                                  "frozen-middle-without-relu"])
+                                  "frozen-middle-without-relu", "read-only-weight",
+                                  "read-only-input", "unaligned-input"])
 def test_what_the_kernels_do_not_take_falls_back_with_the_same_values(monkeypatch, case):
     rng = np.random.default_rng(1)
     lin = _lin(12, 16, np.float32, rng)
@@ -185,6 +186,18 @@ def test_what_the_kernels_do_not_take_falls_back_with_the_same_values(monkeypatc
         model = lk.Sequential(lin, _lin(16, 16, np.float32, rng), _lin(16, 3, np.float32, rng))
         model[1].requires_grad_(False)
         model[0].requires_grad_(False)
+    elif case == "read-only-weight":            # numba: no tuple of mixed array kinds
+        model = lk.Sequential(lin, lk.ReLU(), _lin(16, 3, np.float32, rng))
+        lin.weight.data.flags.writeable = False
+    elif case in ("read-only-input", "unaligned-input"):   # another compiled version: no
+        model = lk.Sequential(lin, lk.ReLU(), _lin(16, 3, np.float32, rng))
+        if case == "read-only-input":
+            x = x.copy()
+            x.flags.writeable = False
+        else:
+            raw = np.zeros(x.nbytes + 1, np.uint8)
+            x = np.frombuffer(raw[1:].data, np.float32).reshape(x.shape)
+            x[...] = rng.standard_normal(x.shape)
     else:
         model = lk.Sequential(lk.ReLU(), lin)
     count = _Count(monkeypatch)
@@ -262,7 +275,7 @@ def test_the_plan_skips_what_the_thin_path_skips():
 
 
 @pytest.mark.parametrize("change", ["freeze", "new-data", "new-module", "fewer-rows", "hook",
-                                    "input-grad"])
+                                    "input-grad", "read-only-weight"])
 def test_the_kept_plan_follows_every_change_to_the_model(monkeypatch, change):
     """Sequential keeps its plan between calls; whatever the plan was made from may change."""
     rng = np.random.default_rng(7)
@@ -281,6 +294,8 @@ def test_the_kept_plan_follows_every_change_to_the_model(monkeypatch, change):
         x, dy = x[:4], dy[:4]
     elif change == "hook":
         model[1].register_forward_hook(lambda *args: None)
+    elif change == "read-only-weight":
+        model[3].weight.data.flags.writeable = False
     else:
         input_grad = False
     fast = _run(model, x, dy, input_grad, True, monkeypatch, _fresh)
@@ -289,3 +304,21 @@ def test_the_kept_plan_follows_every_change_to_the_model(monkeypatch, change):
         _same(a, b)
     for a, b in zip(fast[2], plain[2]):
         _same(a, b)
+
+
+def test_a_kernel_numba_cannot_type_falls_back_to_the_thin_path(monkeypatch):
+    from numba.core.errors import TypingError
+
+    def untypable(*args):
+        raise TypingError("simulated: no version for these array kinds")
+
+    monkeypatch.setattr(lk.fast.kernels().chain, "chain_forward", untypable)
+    rng = np.random.default_rng(8)
+    model = _models(np.float32, rng)["recipe"]
+    x = rng.standard_normal((9, 12)).astype(np.float32)
+    dy = rng.standard_normal((9, 3)).astype(np.float32)
+    for _ in range(2):                       # the second call reuses the kept (empty) plan
+        fast = _run(model, x, dy, True, True, monkeypatch, _fresh)
+        plain = _run(model, x, dy, True, False, monkeypatch, _fresh)
+        for a, b in zip(fast[:2] + tuple(fast[2]), plain[:2] + tuple(plain[2])):
+            _same(a, b)

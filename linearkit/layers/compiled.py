@@ -6,8 +6,9 @@ On the thin path (layers/fused.py: no hooks, no anomaly mode, the default precis
 ``Sequential`` of those and ``Residual`` around them (not nested) runs through
 ``fast/chain_kernel.py`` when its input is a C-contiguous 2-D array of the weights' dtype
 (float32 or float64) with at least 2 rows, every width is at least 2, and no parameter appears
-twice. The kernels call NumPy's own BLAS with NumPy's arguments (fast/blas.py) and repeat the
-NumPy path's elementwise operations: outputs, ``dx`` and gradients are bitwise the thin path's
+twice, the input, weights and biases being C-contiguous, aligned and writeable (numba would
+compile another version for any other kind). The kernels call NumPy's own BLAS with NumPy's
+arguments (fast/blas.py) and repeat the NumPy path's elementwise operations: outputs, ``dx`` and gradients are bitwise the thin path's
 (tests/test_compiled_chain.py). Gradients are written through ``Parameter.grad_buffer`` (into a
 zeroed ``.grad``, into a new one, or added), as ``add_grad`` would.
 
@@ -59,8 +60,8 @@ def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None):
     The backward keeps what the thin path's closures would: ``x`` when the first layer needs
     dW, each unit's output (in one workspace ``ws``), the final output only as a ReLU's mask.
     """
-    if not (type(x) is np.ndarray and x.ndim == 2 and x.shape[0] >= 2
-            and x.flags.c_contiguous and fast.supports(x.dtype)) or is_tracing():
+    if not (type(x) is np.ndarray and x.ndim == 2 and x.shape[0] >= 2 and _plain(x)
+            and fast.supports(x.dtype)) or is_tracing():
         return None
     units = []
     if not _units(modules, units, False):
@@ -80,14 +81,21 @@ def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None):
     out = np.empty((rows, plan.weights[-1].shape[0]), dtype)
     if plan.macs >= _threads.switch_macs:
         _threads.before_gemm(plan.macs)
-    k.chain_forward(blas[0], one, zero, x, plan.weights, plan.biases, flags, ws, out)
+    try:
+        k.chain_forward(blas[0], one, zero, x, plan.weights, plan.biases, flags, ws, out)
+    except Exception as err:       # numba could not type these arrays: the thin path, for good
+        if not type(err).__module__.startswith("numba"):
+            raise
+        if owner is not None:
+            object.__setattr__(owner, "_compiled_plan", (owner._compiled_plan[0], None))
+        return None
     last = flags[-1]
     mask = out if last & K.RELU and not last & K.RES_END else _nothing(dtype)
     saved_x = x if flags[0] & K.NEED_DW else _nothing(dtype)
 
     def backward(dy):
-        if not dy.flags.c_contiguous:
-            dy = np.ascontiguousarray(dy)
+        if not _plain(dy):
+            dy = np.array(dy, order="C")      # a copy the kernel may read as the usual type
         weight_grads, bias_grads, modes, apart = _grad_targets(plan)
         if plan.macs >= _threads.switch_macs:
             _threads.before_gemm(plan.macs)
@@ -143,16 +151,17 @@ def _units(modules, units: list, in_residual: bool) -> bool:
 def _cached_plan(owner, units, x, input_grad: bool, trains) -> _Plan | None:
     """``_plan``, or the one ``owner`` kept when nothing it was made from changed: the same
     modules, Parameters and arrays (by identity: the plan holds them, so no id is reused while
-    it is kept), the same requires_grad flags, input dtype, width and ``input_grad``."""
+    it is kept), the same requires_grad and writeable flags, input dtype, width and
+    ``input_grad``."""
     key = [x.dtype.char, x.shape[1], input_grad]
     for linear, structure in units:
         params = linear._parameters
         w, b = params["weight"], params["bias"]
         key += (id(linear), structure, id(w), id(b))
         if w is not None:
-            key += (id(w.data), w.requires_grad)
+            key += (id(w.data), w.requires_grad, w.data.flags.writeable)
         if b is not None:
-            key += (id(b.data), b.requires_grad)
+            key += (id(b.data), b.requires_grad, b.data.flags.writeable)
     if owner is None:
         return _plan(units, x, input_grad, trains)
     kept = owner.__dict__.get("_compiled_plan")
@@ -181,8 +190,8 @@ def _plan(units, x, input_grad: bool, trains) -> _Plan | None:
             return None
         wd = w.data
         n_out, n_in = wd.shape
-        if (wd.dtype != dtype or not wd.flags.c_contiguous or n_in != width or n_out < 2
-                or n_in < 2 or id(w) in seen):
+        if (wd.dtype != dtype or not _plain(wd) or n_in != width or n_out < 2 or n_in < 2
+                or id(w) in seen):
             return None
         seen.add(id(w))
         f = structure
@@ -192,7 +201,7 @@ def _plan(units, x, input_grad: bool, trains) -> _Plan | None:
             return None                       # the thin path raises Residual's ShapeError
         if b is not None:
             bd = b.data
-            if bd.dtype != dtype or not bd.flags.c_contiguous or id(b) in seen:
+            if bd.dtype != dtype or not _plain(bd) or id(b) in seen:
                 return None
             seen.add(id(b))
             f |= K.BIAS | (K.NEED_DB if b.requires_grad else 0)
@@ -212,6 +221,13 @@ def _plan(units, x, input_grad: bool, trains) -> _Plan | None:
         return None
     per_row = K.workspace_per_row([w.shape[0] for w in weights], flags)
     return _Plan(units, tuple(weights), tuple(biases), np.array(flags, np.int64), macs, per_row)
+
+
+def _plain(a: np.ndarray) -> bool:
+    """C-contiguous, aligned and writeable: the one array type the kernels' tuples hold (numba
+    cannot index a tuple mixing read-only or unaligned arrays with others)."""
+    flags = a.flags
+    return flags.c_contiguous and flags.aligned and flags.writeable
 
 
 def _keeps_only_what_the_thin_path_keeps(flags) -> bool:
