@@ -232,13 +232,13 @@ def without_compiled_chain(once):
 
 def flushing_denormals(once):
     """``once`` under ``lk.set_flush_denormal(True)`` (subnormals as zero, as JAX computes)."""
+    from linearkit.denormal import flush_denormal
+
     def run() -> float:
-        if not lk.set_flush_denormal(True):
-            raise RuntimeError("set_flush_denormal is not supported on this platform")
-        try:
+        with flush_denormal() as supported:
+            if not supported:
+                raise RuntimeError("set_flush_denormal is not supported on this platform")
             return once()
-        finally:
-            lk.set_flush_denormal(False)
     return run
 
 

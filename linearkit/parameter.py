@@ -98,8 +98,8 @@ class Parameter:
         was None, now a new uninitialized array, or zeroed in place) or to add into.
 
         None, touching nothing, when ``.grad`` is not a C-contiguous, aligned, writeable array
-        of ``data``'s shape and dtype (or ``data`` is 16-bit): compute the contribution apart and pass it to
-        ``add_grad(grad)``. The caller must then write the whole buffer.
+        of ``data``'s shape and dtype (or ``data`` is 16-bit): compute the contribution apart
+        and pass it to ``add_grad(grad)``. Otherwise the caller must write the whole buffer.
         """
         current, data = self.grad, self.data
         if data.itemsize == 2:
