@@ -152,7 +152,8 @@ def _cached_plan(owner, units, x, input_grad: bool, trains) -> _Plan | None:
     """``_plan``, or the one ``owner`` kept when nothing it was made from changed: the same
     modules, Parameters and arrays (by identity: the plan holds them, so no id is reused while
     it is kept), the same requires_grad and writeable flags, input dtype, width and
-    ``input_grad``."""
+    ``input_grad``. The kept plan holds the arrays it was made from: an array replaced since
+    (``p.data = new``) stays alive until the Sequential's next ``vjp`` replaces the plan."""
     key = [x.dtype.char, x.shape[1], input_grad]
     for linear, structure in units:
         params = linear._parameters
