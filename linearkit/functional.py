@@ -232,6 +232,17 @@ _ones: dict = {}
 _ONES_MAX = 1 << 16
 
 
+def _ones_vector(rows: int, dtype) -> np.ndarray:
+    """``ones (rows,)`` of ``dtype``, the vector of the bias gradient's GEMV: a view of one
+    cached array per dtype (read it, never write it), fresh above ``_ONES_MAX`` rows."""
+    if rows > _ONES_MAX:
+        return np.ones(rows, dtype)
+    ones = _ones.get(dtype.char)
+    if ones is None or len(ones) < rows:
+        ones = _ones[dtype.char] = np.ones(max(rows, 64), dtype)
+    return ones[:rows]
+
+
 def _column_sum(dy2: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``dy2.sum(axis=0)`` for a 2-D dy2, as a GEMV ``ones @ dy2`` when BLAS can run it.
 
@@ -242,13 +253,7 @@ def _column_sum(dy2: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     dtype = dy2.dtype
     if dtype.char not in "fd" or (out is not None and out.dtype != dtype):
         return np.sum(dy2, axis=0, out=out)
-    if rows > _ONES_MAX:
-        ones = np.ones(rows, dtype)
-    else:
-        ones = _ones.get(dtype.char)
-        if ones is None or len(ones) < rows:
-            ones = _ones[dtype.char] = np.ones(max(rows, 64), dtype)
-        ones = ones[:rows]
+    ones = _ones_vector(rows, dtype)
     if out is not None and not out.flags.c_contiguous:  # np.dot writes only contiguous outs
         out[...] = np.dot(ones, dy2)
         return out

@@ -28,6 +28,7 @@ import numpy as np
 
 from .. import anomaly as _anomaly
 from .. import fast
+from .. import functional as F
 from .. import threads as _threads
 from ..fast import blas as _blas
 from ..fast import chain_flags as K
@@ -101,7 +102,7 @@ def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None):
             _threads.before_gemm(plan.macs)
         dx, has_dx = k.chain_backward(blas[0], blas[1], one, zero, dy, saved_x, plan.weights,
                                       plan.flags, ws, mask, weight_grads, bias_grads, modes,
-                                      _ones(dy.shape[0], dy.dtype))
+                                      F._ones_vector(dy.shape[0], dy.dtype))
         for param, grad in apart:
             param.add_grad(grad)
         if _anomaly.enabled:      # turned on after the forward: each layer's gradients, then dx
@@ -273,7 +274,6 @@ def _grad_targets(plan: _Plan):
 
 
 _placeholders: dict = {}
-_ones_cache: dict = {}
 
 
 def _nothing(dtype, ndim: int = 2) -> np.ndarray:
@@ -284,11 +284,3 @@ def _nothing(dtype, ndim: int = 2) -> np.ndarray:
     if a is None:
         a = _placeholders[key] = np.zeros((0,) * ndim, dtype)
     return a
-
-
-def _ones(rows: int, dtype) -> np.ndarray:
-    """``ones (rows,)`` of ``dtype`` (the bias gradient's GEMV), cached."""
-    a = _ones_cache.get(dtype.char)
-    if a is None or len(a) < rows:
-        a = _ones_cache[dtype.char] = np.ones(max(rows, 256), dtype)
-    return a[:rows]
