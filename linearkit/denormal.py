@@ -48,11 +48,7 @@ def set_flush_denormal(mode: bool) -> bool:
     >>> float(tiny * np.float32(1)) > 0
     True
     """
-    current = _read()
-    if current is None:
-        return False
-    buffer, word, bits = current
-    return _write(buffer, word | bits if mode else word & ~bits)
+    return _switch(mode) is not None
 
 
 @contextmanager
@@ -68,16 +64,26 @@ def flush_denormal(mode: bool = True):
     >>> float(np.float32(1e-39) * np.float32(1)) > 0
     True
     """
-    before = _read()
+    before = _switch(mode)
     if before is None:
         yield False
         return
-    buffer, word, bits = before
-    _write(buffer, word | bits if mode else word & ~bits)
     try:
         yield True
     finally:
-        _write(buffer, word)
+        _write(*before)
+
+
+def _switch(mode: bool):
+    """Set this thread's flush mode; ``(fenv buffer, previous control word)`` to put it back,
+    or None where unsupported (or the C library refused)."""
+    current = _read()
+    if current is None:
+        return None
+    buffer, word, bits = current
+    if not _write(buffer, word | bits if mode else word & ~bits):
+        return None
+    return buffer, word
 
 
 def _read():
