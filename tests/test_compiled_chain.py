@@ -133,6 +133,34 @@ def test_compiled_chain_is_bitwise_the_thin_path(monkeypatch, dtype, name, grads
         _same(a, b)
 
 
+@pytest.mark.parametrize("rows", [5, 17, 32, 48, 49])
+@pytest.mark.parametrize("grads", ["fresh", "holding"])
+def test_weight_first_gemms_keep_the_thin_paths_bits(monkeypatch, rows, grads):
+    """Few rows through wide layers: the layers functional.linear computes as (W @ x.T).T get
+    WEIGHT_FIRST in the kernel too (with and without bias and ReLU, inside a Residual)."""
+    from linearkit import functional as F
+    from linearkit.fast import chain_flags
+
+    rng = np.random.default_rng(rows)
+    model = lk.Sequential(_lin(40, 256, np.float32, rng), lk.ReLU(),
+                          lk.Residual(lk.Sequential(_lin(256, 256, np.float32, rng), lk.ReLU())),
+                          _lin(256, 128, np.float32, rng), _lin(128, 10, np.float32, rng))
+    x = rng.standard_normal((rows, 40)).astype(np.float32)
+    dy = rng.standard_normal((rows, 10)).astype(np.float32)
+    count = _Count(monkeypatch)
+    fast = _run(model, x, dy, True, True, monkeypatch, GRADS[grads])
+    plain = _run(model, x, dy, True, False, monkeypatch, GRADS[grads])
+    assert count.calls == 1
+    for a, b in zip(fast[:2] + tuple(fast[2]), plain[:2] + tuple(plain[2])):
+        _same(a, b)
+    flags = model._compiled_plan[1].flags_for(rows)
+    picked = [bool(f & chain_flags.WEIGHT_FIRST) for f in flags]
+    assert picked == [F._weight_first(rows, w.shape[1], w.shape[0], w.dtype, w.dtype)
+                      for w in model._compiled_plan[1].weights]
+    if rows == 32 and F._weight_first(32, 40, 256, x.dtype, x.dtype):
+        assert picked == [True, True, True, False]      # the path under test is taken
+
+
 def test_training_steps_match_the_thin_path_bitwise(monkeypatch):
     """Twenty Adam steps of the recipe's shape (zero_grad in place, as the README's loop)."""
     results = []

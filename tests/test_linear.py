@@ -49,6 +49,49 @@ def test_forward_and_every_gradient_match_torch(dtype, bias, shape):
         torch.testing.assert_close(torch.from_numpy(np.asarray(a)), b.detach())
 
 
+# (rows, in, out, lead): shapes where linear computes (W @ x.T).T on NumPy's OpenBLAS
+WEIGHT_FIRST_SHAPES = [(32, 784, 256, ()), (6, 256, 256, ()), (48, 128, 128, ()),
+                       (2, 1024, 1024, ()), (4, 512, 512, ()), (12, 300, 200, (3,))]
+
+
+@pytest.mark.parametrize("rows,in_f,out_f,lead", WEIGHT_FIRST_SHAPES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_few_rows_weight_first_gemm_matches_torch_and_np_dot(rows, in_f, out_f, lead, bias):
+    """A few rows through a wide layer: the GEMM laid out as (W @ x.T).T (functional.py) gives
+    a C-contiguous y, PyTorch's values and, in float32 on OpenBLAS, np.dot's very bits."""
+    if not F._weight_first(rows, in_f, out_f, np.dtype(np.float32), np.dtype(np.float32)):
+        pytest.skip("NumPy's BLAS is not OpenBLAS: linear keeps x @ W.T")
+    rng = np.random.default_rng(3)
+    layer = lk.Linear(in_f, out_f, bias=bias, rng=rng)
+    x = rng.standard_normal(lead + (rows, in_f)).astype(np.float32)
+    dy = rng.standard_normal(lead + (rows, out_f)).astype(np.float32)
+    ours, theirs = run_both(layer, x, dy)
+    for a, b in zip(ours, theirs):
+        if b is not None:
+            torch.testing.assert_close(torch.from_numpy(np.asarray(a)), b.detach())
+    y = ours[0]
+    assert y.flags.c_contiguous and y.shape == lead + (rows, out_f)
+    expected = np.dot(x.reshape(-1, in_f), layer.weight.data.T).reshape(y.shape)
+    if bias:
+        expected += layer.bias.data
+    assert y.tobytes() == expected.tobytes()
+    fortran = np.asfortranarray(x.reshape(-1, in_f))   # another layout: another BLAS call
+    y_f = F.linear(fortran, layer.weight.data, None if layer.bias is None else layer.bias.data)
+    assert y_f.flags.c_contiguous
+    np.testing.assert_allclose(y_f, expected.reshape(-1, out_f), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows,in_f,out_f,dtype", [(1, 1024, 1024, np.float32),
+                                                   (49, 784, 256, np.float32),
+                                                   (32, 784, 100, np.float32),
+                                                   (4, 784, 256, np.float32),
+                                                   (32, 784, 256, np.float64)])
+def test_weight_first_gemm_only_where_it_was_measured_faster(rows, in_f, out_f, dtype):
+    """One row (GEMV), past 48 rows, under 128 outputs, OpenBLAS's small-matrix sizes and
+    float64 keep x @ W.T (docs/fast.md has the measurements)."""
+    assert not F._weight_first(rows, in_f, out_f, np.dtype(dtype), np.dtype(dtype))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_non_contiguous_input(dtype):
     rng = np.random.default_rng(1)

@@ -69,7 +69,7 @@ def _agrees(gemm, gemv, dtype) -> bool:
         dy = rng.standard_normal((m, n)).astype(dtype)
         ones = np.ones(m, dtype)
         got = [np.empty((m, n), dtype), np.empty((n, k), dtype), np.empty((m, k), dtype),
-               np.empty(n, dtype)]
+               np.empty(n, dtype), np.empty((n, m), dtype)]
         ptr = [g.ctypes.data for g in got]
         gemm(ROW_MAJOR, NO_TRANS, TRANS, m, n, k, 1.0, a.ctypes.data, k, w.ctypes.data, k, 0.0,
              ptr[0], n)                                   # y = x @ W.T
@@ -78,7 +78,10 @@ def _agrees(gemm, gemv, dtype) -> bool:
         gemm(ROW_MAJOR, NO_TRANS, NO_TRANS, m, k, n, 1.0, dy.ctypes.data, n, w.ctypes.data, k,
              0.0, ptr[2], k)                              # dx = dy @ W
         gemv(ROW_MAJOR, TRANS, m, n, 1.0, dy.ctypes.data, n, ones.ctypes.data, 1, 0.0, ptr[3], 1)
-        want = [np.dot(a, w.T), np.matmul(dy.T, a), np.matmul(dy, w), np.dot(ones, dy)]
+        gemm(ROW_MAJOR, NO_TRANS, TRANS, n, m, k, 1.0, w.ctypes.data, k, a.ctypes.data, k, 0.0,
+             ptr[4], m)                                   # y.T = W @ x.T
+        want = [np.dot(a, w.T), np.matmul(dy.T, a), np.matmul(dy, w), np.dot(ones, dy),
+                np.dot(w, a.T)]
         if not all(np.array_equal(g, e) for g, e in zip(got, want)):
             return False
     return True

@@ -21,7 +21,7 @@ import numba
 import numpy as np
 
 from .blas import NO_TRANS, ROW_MAJOR, TRANS
-from .chain_flags import BIAS, NEED_DB, NEED_DW, NEED_DX, RELU, RES_END, RES_START
+from .chain_flags import BIAS, NEED_DB, NEED_DW, NEED_DX, RELU, RES_END, RES_START, WEIGHT_FIRST
 from .elementwise_kernel import bias_relu_, relu_, relu_backward_into
 
 __all__ = ["chain_backward", "chain_forward"]
@@ -56,9 +56,18 @@ def chain_forward(gemm, one, zero, x, weights, biases, flags, ws, out):
         else:
             z = _view(ws, offset, rows, n_out)
             offset += rows * n_out
-        # y = x @ W.T: np.dot's call for a C-contiguous x and the transposed view of W
-        gemm(ROW_MAJOR, NO_TRANS, TRANS, rows, n_out, n_in, one, a.ctypes.data, n_in,
-             w.ctypes.data, n_in, zero, z.ctypes.data, n_out)
+        if f & WEIGHT_FIRST:
+            # y = (W @ x.T).T: functional._linear_weight_first's np.dot call, then its copy
+            z_t = np.empty((n_out, rows), x.dtype)
+            gemm(ROW_MAJOR, NO_TRANS, TRANS, n_out, rows, n_in, one, w.ctypes.data, n_in,
+                 a.ctypes.data, n_in, zero, z_t.ctypes.data, rows)
+            for r in range(rows):
+                for c in range(n_out):
+                    z[r, c] = z_t[c, r]
+        else:
+            # y = x @ W.T: np.dot's call for a C-contiguous x and the transposed view of W
+            gemm(ROW_MAJOR, NO_TRANS, TRANS, rows, n_out, n_in, one, a.ctypes.data, n_in,
+                 w.ctypes.data, n_in, zero, z.ctypes.data, n_out)
         if f & RELU:
             if f & BIAS:
                 bias_relu_(z, biases[i])

@@ -45,12 +45,28 @@ class _Plan:
     """What the kernels need besides the arrays a backward keeps (bookkeeping, not memory the
     ledger counts as saved activations): the layers' arrays, flags and the largest GEMM."""
 
-    __slots__ = ("biases", "flags", "macs", "units", "weights", "ws_per_row")
+    __slots__ = ("biases", "by_rows", "flags", "macs_per_row", "units", "weights", "ws_per_row")
 
-    def __init__(self, units, weights, biases, flags, macs, ws_per_row):
-        self.units, self.weights, self.biases, self.flags, self.macs = (
-            units, weights, biases, flags, macs)
+    def __init__(self, units, weights, biases, flags, macs_per_row, ws_per_row):
+        self.units, self.weights, self.biases, self.flags = units, weights, biases, flags
+        self.macs_per_row = macs_per_row   # the largest layer's in * out
         self.ws_per_row = ws_per_row       # workspace elements per row of x
+        self.by_rows = {}                  # rows -> flags_for(rows)
+
+    def flags_for(self, rows: int) -> np.ndarray:
+        """``flags`` for an input of ``rows`` rows: WEIGHT_FIRST added to each layer whose
+        forward GEMM ``functional.linear`` computes as ``(W @ x.T).T`` at that many rows."""
+        flags = self.by_rows.get(rows)
+        if flags is None:
+            flags = self.flags.copy()
+            for i, w in enumerate(self.weights):
+                n_out, n_in = w.shape
+                if F._weight_first(rows, n_in, n_out, w.dtype, w.dtype):
+                    flags[i] |= K.WEIGHT_FIRST
+            if len(self.by_rows) >= 8:       # batch sizes seen: a few, bounded anyway
+                self.by_rows.clear()
+            self.by_rows[rows] = flags
+        return flags
 
 
 def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None):
@@ -75,13 +91,14 @@ def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None):
     if blas is None:
         return None
     k = kernels.chain
-    flags = plan.flags
     rows, dtype = x.shape[0], x.dtype
+    flags = plan.flags_for(rows)
+    macs = rows * plan.macs_per_row
     one, zero = dtype.type(1), dtype.type(0)
     ws = np.empty(rows * plan.ws_per_row, dtype)
     out = np.empty((rows, plan.weights[-1].shape[0]), dtype)
-    if plan.macs >= _threads.switch_macs:
-        _threads.before_gemm(plan.macs)
+    if macs >= _threads.switch_macs:
+        _threads.before_gemm(macs)
     try:
         k.chain_forward(blas[0], one, zero, x, plan.weights, plan.biases, flags, ws, out)
     except Exception as err:       # numba could not type these arrays: the thin path, for good
@@ -98,10 +115,10 @@ def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None):
         if not _plain(dy):
             dy = np.array(dy, order="C")      # a copy the kernel may read as the usual type
         weight_grads, bias_grads, modes, apart = _grad_targets(plan)
-        if plan.macs >= _threads.switch_macs:
-            _threads.before_gemm(plan.macs)
+        if macs >= _threads.switch_macs:
+            _threads.before_gemm(macs)
         dx, has_dx = k.chain_backward(blas[0], blas[1], one, zero, dy, saved_x, plan.weights,
-                                      plan.flags, ws, mask, weight_grads, bias_grads, modes,
+                                      plan.flags_for(rows), ws, mask, weight_grads, bias_grads, modes,
                                       F._ones_vector(dy.shape[0], dy.dtype))
         for param, grad in apart:
             param.add_grad(grad)
@@ -179,11 +196,11 @@ def _plan(units, x, input_grad: bool, trains) -> _Plan | None:
     theirs, a parameter is used twice, or the workspace would keep an output that no thin-path
     closure keeps (a Residual's inner output without a ReLU, a frozen layer's input)."""
     dtype = x.dtype
-    rows, width = x.shape
+    width = x.shape[1]
     weights, biases, flags = [], [], []
     seen = set()
     need = input_grad
-    macs = 0
+    macs_per_row = 0
     start_width = width
     for linear, structure in units:
         params = linear._parameters
@@ -217,12 +234,13 @@ def _plan(units, x, input_grad: bool, trains) -> _Plan | None:
         need = need or trains(linear)
         weights.append(wd)
         flags.append(f)
-        macs = max(macs, rows * n_out * n_in)
+        macs_per_row = max(macs_per_row, n_out * n_in)
         width = n_out
     if not _keeps_only_what_the_thin_path_keeps(flags):
         return None
     per_row = K.workspace_per_row([w.shape[0] for w in weights], flags)
-    return _Plan(units, tuple(weights), tuple(biases), np.array(flags, np.int64), macs, per_row)
+    return _Plan(units, tuple(weights), tuple(biases), np.array(flags, np.int64), macs_per_row,
+                 per_row)
 
 
 def _plain(a: np.ndarray) -> bool:
