@@ -35,7 +35,7 @@ def _moments(g, p, m, v, maximize, l2, wd, decay, w, beta2, one_minus_beta2):
 
 @numba.njit(**_JIT)
 def _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, flags, scalars):
-    maximize, l2, decay = flags[1], flags[2], flags[3]
+    maximize, l2, decay, zero_grad = flags[1], flags[2], flags[3], flags[4]
     wd, w, beta2, one_minus_beta2 = scalars[0], scalars[1], scalars[2], scalars[3]
     bc2_sqrt, eps, neg_step_size = scalars[4], scalars[5], scalars[6]
     n = param.size                      # any shape, C-contiguous: one flat loop
@@ -47,6 +47,8 @@ def _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, flags, scalars):
             p, m, v = _moments(grad[i], param[i], exp_avg[i], exp_avg_sq[i], maximize, l2, wd,
                                decay, w, beta2, one_minus_beta2)
             exp_avg[i], exp_avg_sq[i] = m, v
+            if zero_grad:                   # zero_grad(set_to_none=False), in the same pass
+                grad[i] = 0
             vm = max_exp_avg_sq[i]
             if not np.isnan(vm) and not vm >= v:     # np.maximum: nan wins
                 vm = v
@@ -57,6 +59,8 @@ def _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, flags, scalars):
             p, m, v = _moments(grad[i], param[i], exp_avg[i], exp_avg_sq[i], maximize, l2, wd,
                                decay, w, beta2, one_minus_beta2)
             exp_avg[i], exp_avg_sq[i] = m, v
+            if zero_grad:
+                grad[i] = 0
             param[i] = p + m * neg_step_size / (np.sqrt(v) / bc2_sqrt + eps)
 
 
@@ -66,20 +70,22 @@ def _array(p):
 
 
 def adam_flat(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *, step, lr, beta1, beta2,
-              eps, weight_decay=0.0, maximize=False, decoupled_weight_decay=False, scratch=None):
+              eps, weight_decay=0.0, maximize=False, decoupled_weight_decay=False, scratch=None,
+              zero_grads=False):
     """``adam_step`` on each ``(param, grad, m, v[, v_max])``, one pass each.
 
     ``params`` holds arrays or Parameters (their ``.data`` is stepped, read at call time).
     The arrays of one parameter share its shape and are C-contiguous; all share one dtype (float32 or float64); ``max_exp_avg_sqs`` is None without AMSGrad.
     The hyperparameters are Python floats, rounded here to the dtype exactly as NumPy rounds them.
     ``scratch`` (a dict the caller keeps) holds the two small arrays that carry them into the
-    kernel, so that a step allocates nothing.
+    kernel, so that a step allocates nothing. ``zero_grads``: each gradient is set to 0 in the
+    same pass, after it is read (``zero_grad(set_to_none=False)`` without its own pass).
     """
     dtype = _array(params[0]).dtype
     scratch = {} if scratch is None else scratch
     bufs = scratch.get(dtype)
     if bufs is None:
-        bufs = scratch[dtype] = (np.zeros(4, np.bool_), np.zeros(7, dtype))
+        bufs = scratch[dtype] = (np.zeros(5, np.bool_), np.zeros(7, dtype))
     flags, scalars = bufs
     lr, beta1, beta2 = float(lr), float(beta1), float(beta2)
     eps, weight_decay = float(eps), float(weight_decay)
@@ -89,6 +95,7 @@ def adam_flat(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *, step, lr
     amsgrad = max_exp_avg_sqs is not None
     flags[0], flags[1] = amsgrad, bool(maximize)
     flags[2], flags[3] = weight_decay != 0 and not decoupled_weight_decay, decay
+    flags[4] = bool(zero_grads)
     # each Python float rounded to the dtype by assignment, as NumPy rounds it (NEP 50)
     scalars[0] = 1.0 - lr * weight_decay if decay else weight_decay
     scalars[1] = weight if lerp_small else weight - 1.0

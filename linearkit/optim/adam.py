@@ -131,6 +131,7 @@ class Adam(Optimizer):
     """
 
     _decoupled = False
+    _zeroes_while_stepping = True
     _state_names = frozenset({"step", *_KEYS_AMSGRAD})
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
@@ -168,7 +169,7 @@ class Adam(Optimizer):
         return [(f"loaded parameter group {index} has decoupled_weight_decay={bool(flag)} "
                  f"({rule}), but this optimizer is {type(self).__name__}; load it into {fits}")]
 
-    def _update(self, group: dict) -> None:
+    def _update(self, group: dict, zero_grads: bool = False) -> bool:
         beta1, beta2 = group["betas"]
         hyper = {"lr": float(group["lr"]), "beta1": float(beta1), "beta2": float(beta2),
                  "eps": float(group["eps"]), "weight_decay": float(group["weight_decay"]),
@@ -177,8 +178,7 @@ class Adam(Optimizer):
         live = [*self._trainable(group)]  # not list(): its lists refill the freelist slowly
         flat = flat_state(self, group, live, keys)
         if flat is not None:
-            self._update_flat(flat, [p for p, _ in live], keys, hyper)
-            return
+            return self._update_flat(flat, [p for p, _ in live], keys, hyper, zero_grads)
         needs = _NEEDS[keys]
         for p, _ in live:                   # check every state before the first update
             state = self.state.get(p)
@@ -198,11 +198,15 @@ class Adam(Optimizer):
                 self._write_back(p, master)
                 continue
             adam_step(p.data, grad, *(state[k] for k in keys), step=state["step"], **hyper)
+        return False
 
-    def _update_flat(self, flat: FlatState, params: list, keys: tuple, hyper: dict) -> None:
+    def _update_flat(self, flat: FlatState, params: list, keys: tuple, hyper: dict,
+                     zero_grads: bool = False) -> bool:
         """The whole group in a handful of ufunc calls over contiguous arrays.
 
         Elementwise math in the same order as ``adam_step`` on each parameter, so the same bits.
+        With ``zero_grads``, the compiled step also zeroes the gradients when they are the flat
+        buffer's own views (distinct memory by construction); returns whether it did.
         """
         t = self.state[params[0]]["step"] + 1
         for p in params:
@@ -213,8 +217,9 @@ class Adam(Optimizer):
         # the default zero_grad(set_to_none=True) are not copied in first.
         if not flat.adopted:
             flat.adopt_grads(params)
-        if fused_adam(flat, params, keys, t, hyper):
-            return
+        zero = zero_grads and flat.owns_grads(params)
+        if fused_adam(flat, params, keys, t, hyper, zero):
+            return zero
         g = flat.adopt_grads(params)
         # what each step is applied to: p.data, or a 16-bit parameter's float32 master
         targets = [self._master(p, self.state[p]) if p.data.itemsize == 2 else p.data
@@ -234,6 +239,7 @@ class Adam(Optimizer):
             for p, target in zip(params, targets):
                 if target is not p.data:
                     self._write_back(p, target)
+        return False
 
 
 class AdamW(Adam):

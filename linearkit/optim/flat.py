@@ -113,15 +113,17 @@ class FlatState:
         return flat
 
 
-def fused_adam(flat: FlatState, params: list, keys: tuple, step: int, hyper: dict) -> bool:
+def fused_adam(flat: FlatState, params: list, keys: tuple, step: int, hyper: dict,
+               zero_grads: bool = False) -> bool:
     """Step the group with the compiled one-pass kernel (``linearkit.fast``) when it can.
 
     Returns False, having touched nothing, for a mixed-precision group, a dtype other than
-    float32/float64, a ``p.data`` not C-contiguous or reshaped since the packing, numba absent or ``LINEARKIT_FAST=0``: the
-    caller then runs the NumPy path. The kernel gives the NumPy path's bits (tests/test_fast.py).
+    float32/float64, a ``p.data`` not C-contiguous or reshaped since the packing, numba absent
+    or ``LINEARKIT_FAST=0``: the caller then runs the NumPy path. The kernel gives the NumPy path's bits (tests/test_fast.py).
     Call it after the step counts are set. The kernel reads each ``p.grad`` where it is (the
     flat buffer's views after ``zero_grad(set_to_none=False)``, fresh arrays after the default
-    ``set_to_none=True``): no gradient is copied.
+    ``set_to_none=True``): no gradient is copied. ``zero_grads``: the kernel also zeroes each
+    ``p.grad`` in place after reading it, and marks it zeroed (``zero_grad(set_to_none=False)``).
     """
     if flat.mixed or not fast.supports(flat.buffers["grad"].dtype) or not fast.enabled():
         return False
@@ -138,7 +140,11 @@ def fused_adam(flat: FlatState, params: list, keys: tuple, step: int, hyper: dic
     views = flat.views
     vmax = views[keys[2]] if len(keys) == 3 else None
     kernels.adam_flat(params, grads, views[keys[0]], views[keys[1]], vmax, step=step,
-                      **hyper, scratch=flat.__dict__.setdefault("_scratch", {}))
+                      **hyper, scratch=flat.__dict__.setdefault("_scratch", {}),
+                      zero_grads=zero_grads)
+    if zero_grads:
+        for p in params:
+            p.mark_zeroed()
     return True
 
 
