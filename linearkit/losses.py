@@ -500,17 +500,15 @@ class CrossEntropyLoss(_Loss):
         if not (0 < m and x.ndim <= 2 and x2.size <= _FUSED_CE_MAX and x2.flags.c_contiguous
                 and fast.supports(x2.dtype)):
             return None
-        t = target.reshape(-1)
-        lo, hi = int(t.min()), int(t.max())
-        if lo < 0 or hi >= c or lo <= self.ignore_index <= hi:
-            return None     # the NumPy path raises (or ignores) exactly as before
         kernels = fast.kernels()
         if kernels is None:
             return None
-        t = t.astype(np.intp, copy=False)
+        t = target.reshape(-1).astype(np.intp, copy=False)
         exps = np.empty_like(x2)
-        row_sum, target_gap = np.empty(m), np.empty(m)
-        total = kernels.softmax_ce_forward(x2, t, exps, row_sum, target_gap)
+        row_sum, target_gap = np.empty((2, m))
+        total = kernels.softmax_ce_forward(x2, t, self.ignore_index, exps, row_sum, target_gap)
+        if total < 0:       # a target out of range or ignored: the NumPy path raises or ignores
+            return None
         mean = self.reduction == "mean"
         loss = np.asarray(total / m if mean else total, dtype=x2.dtype)
 

@@ -182,8 +182,13 @@ def test_fused_cross_entropy_nonfinite_logits_as_numpy(monkeypatch):
     ({"ignore_index": 1}, [0, 1]),
     ({"reduction": "none"}, [0, 1]),
     ({}, [0, 7]),          # out of range: the NumPy path's error
+    ({}, [-1, 1]),
+    ({"ignore_index": 3}, [0, 1]),     # 3 is a class, but no target is ignored: fused
 ])
 def test_fused_cross_entropy_declines_what_it_does_not_cover(kwargs, target, monkeypatch):
+    """Weights, smoothing, reduction='none' never reach the kernels; a target out of range or
+    equal to ignore_index makes the forward kernel decline (writing nothing), and the NumPy
+    path gives its result or its error."""
     called = []
     real = fast.kernels()
 
@@ -196,14 +201,25 @@ def test_fused_cross_entropy_declines_what_it_does_not_cover(kwargs, target, mon
     monkeypatch.setattr(fast, "kernels", lambda: Spy())
     x = np.arange(8, dtype=np.float32).reshape(2, 4) / 3
     loss_fn = lk.CrossEntropyLoss(**kwargs)
-    if max(target) >= 4:
-        with pytest.raises(ValueError, match="class index 7"):
-            loss_fn.vjp(x, np.array(target))
+    target = np.array(target)
+    covered = not kwargs or kwargs == {"ignore_index": 3}
+    if target.min() < 0 or target.max() >= 4:
+        with pytest.raises(ValueError, match=f"class index {target[(target < 0) | (target >= 4)][0]}"):
+            loss_fn.vjp(x, target)
+        assert called == ["softmax_ce_forward"]      # it looked, declined, wrote nothing
+        return
+    loss, backward = loss_fn.vjp(x, target)
+    grad = backward() if loss.ndim == 0 else backward(np.ones_like(loss))
+    if covered:
+        assert called == ["softmax_ce_forward", "softmax_ce_backward"]
     else:
-        loss_fn.vjp(x, np.array(target))
-    assert called == []
-    lk.CrossEntropyLoss().vjp(x, np.array([0, 1]))
-    assert called == ["softmax_ce_forward"]
+        assert called == (["softmax_ce_forward"] if kwargs == {"ignore_index": 1} else [])
+    monkeypatch.setattr(fast, "kernels", lambda: None)
+    np_loss = loss_fn(x, target)
+    np.testing.assert_allclose(loss, np_loss, rtol=2e-6)
+    if loss.ndim == 0:
+        np.testing.assert_allclose(grad, _numpy_path(loss_fn, x, target, monkeypatch)[1],
+                                   rtol=2e-6, atol=1e-7)
 
 
 def test_fused_cross_entropy_matches_torch():

@@ -31,13 +31,20 @@ _JIT = {"cache": True, "error_model": "numpy", "fastmath": False, "nogil": True}
 
 
 @numba.njit(**_JIT)
-def softmax_ce_forward(x, t, exps, row_sum, target_gap):
+def softmax_ce_forward(x, t, ignore_index, exps, row_sum, target_gap):
     """Sum over rows of the loss (a float64). Writes ``exps (M, C) = exp(x - top)`` (rounded to
     its dtype), ``row_sum (M,) = s`` and ``target_gap (M,) = exp(x_t - top) - s`` (float64).
 
-    A row holding NaN or +inf, or only -inf, has a NaN loss (and gradient), as in PyTorch.
+    Returns -1.0 (no loss is negative), having written nothing, when a target is not a class
+    index in ``[0, C)`` or equals ``ignore_index``: the caller runs the NumPy path, which
+    raises or ignores. A row holding NaN or +inf, or only -inf, has a NaN loss (and gradient),
+    as in PyTorch.
     """
     rows, cols = x.shape
+    for i in range(rows):
+        k = t[i]
+        if k < 0 or k >= cols or k == ignore_index:
+            return -1.0
     total = 0.0
     for i in range(rows):
         top = np.float64(x[i, 0])
