@@ -78,12 +78,17 @@ class FlatState:
 
     def owns(self, params: list, state: dict, keys: tuple) -> bool:
         """True while the group and every ``state[p][key]`` are still this object's views."""
-        if params != self.params or set(keys) != set(self.arrays):
+        if params != self.params or len(keys) != len(self.arrays):
             return False
-        for i, p in enumerate(params):
-            entry = state.get(p)
-            if entry is None or any(entry.get(k) is not self.views[k][i] for k in keys):
+        views = self.views
+        for key in keys:                  # plain loops: this runs at every step
+            mine = views.get(key)
+            if mine is None:
                 return False
+            for p, view in zip(params, mine):
+                entry = state.get(p)
+                if entry is None or entry.get(key) is not view:
+                    return False
         return True
 
     def gather(self, arrays: list, into: str = "grad") -> np.ndarray:
@@ -125,18 +130,21 @@ def fused_adam(flat: FlatState, params: list, keys: tuple, step: int, hyper: dic
     ``set_to_none=True``): no gradient is copied. ``zero_grads``: the kernel also zeroes each
     ``p.grad`` in place after reading it, and marks it zeroed (``zero_grad(set_to_none=False)``).
     """
-    if flat.mixed or not fast.supports(flat.buffers["grad"].dtype) or not fast.enabled():
-        return False
     dtype = flat.buffers["grad"].dtype
-    grads = [p.grad for p in params]
-    for p, grad, shape in zip(params, grads, flat.shapes):  # the kernel has no bounds checks
-        d = p.data
-        for a in (d, grad):
-            if not (a.flags.c_contiguous and a.dtype == dtype and a.shape == shape):
-                return False
-    kernels = fast.kernels()    # numba is imported here, on the first step that can use it
+    if flat.mixed or not fast.supports(dtype):
+        return False
+    kernels = fast.kernels()    # None under LINEARKIT_FAST=0; numba is imported on first use
     if kernels is None:
         return False
+    grads = [p.grad for p in params]
+    own_grads = all(g is view for g, view in zip(grads, flat.grad_views))  # made right here
+    for p, grad, shape in zip(params, grads, flat.shapes):  # the kernel has no bounds checks
+        d = p.data
+        if not (d.flags.c_contiguous and d.dtype == dtype and d.shape == shape):
+            return False
+        if not (own_grads or grad.flags.c_contiguous and grad.dtype == dtype
+                and grad.shape == shape):
+            return False
     views = flat.views
     vmax = views[keys[2]] if len(keys) == 3 else None
     kernels.adam_flat(params, grads, views[keys[0]], views[keys[1]], vmax, step=step,
@@ -202,12 +210,16 @@ def flat_state(opt, group: dict, live: list, keys: tuple) -> FlatState | None:
         if g.dtype != dtype or (p.data.dtype != dtype and p.data.itemsize != 2):
             return None
     state = opt.state
+    cache = opt._flat.get(id(group))
+    if cache is not None and cache.owns(params, state, keys):
+        first = state[params[0]].get("step")      # owned: every state entry exists
+        for p in params:
+            if state[p].get("step") != first:
+                return None
+        return cache
     steps = {state[p].get("step") if p in state else 0 for p in params}
     if len(steps) != 1:
         return None
-    cache = opt._flat.get(id(group))
-    if cache is not None and cache.owns(params, state, keys):
-        return cache
     for p in params:
         entry = state.get(p)
         if entry is not None and (missing := [k for k in ("step", *keys) if k not in entry]):
