@@ -350,3 +350,34 @@ def test_a_kernel_numba_cannot_type_falls_back_to_the_thin_path(monkeypatch):
         plain = _run(model, x, dy, True, False, monkeypatch, _fresh)
         for a, b in zip(fast[:2] + tuple(fast[2]), plain[:2] + tuple(plain[2])):
             _same(a, b)
+
+
+_SECOND_PROCESS = """
+import numpy as np, linearkit as lk
+model = lk.Sequential(lk.Linear(12, 16), lk.ReLU(), lk.Linear(16, 3))
+x = np.ones((4, 12), np.float32)
+y, backward = model.vjp(x)
+backward(np.ones((4, 3), np.float32))
+chain = lk.fast.kernels().chain
+stats = [chain.chain_forward.stats, chain.chain_backward.stats]
+print(sum(s.cache_hits.get(k, 0) for s in stats for k in s.cache_hits),
+      sum(s.cache_misses.get(k, 0) for s in stats for k in s.cache_misses))
+"""
+
+
+def test_a_second_process_loads_the_chain_from_numbas_cache(tmp_path):
+    """The kernels call NumPy's BLAS by symbol (linked anew in each process): a second process
+    must load them from the on-disk cache, not compile them again, and get the same values."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    env.pop("LINEARKIT_FAST", None)
+    runs = [subprocess.run([sys.executable, "-c", _SECOND_PROCESS], env=env, text=True,
+                           capture_output=True, timeout=300, check=False) for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+    first, second = (tuple(map(int, run.stdout.split())) for run in runs)
+    assert first[1] == 2                     # compiled (forward, backward) and saved
+    assert second == (2, 0), second          # loaded, nothing compiled

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["COL_MAJOR", "NO_TRANS", "ROW_MAJOR", "TRANS", "functions"]
+__all__ = ["COL_MAJOR", "NO_TRANS", "ROW_MAJOR", "TRANS", "address", "functions", "symbol"]
 
 ROW_MAJOR, COL_MAJOR = 101, 102      # CBLAS_ORDER
 NO_TRANS, TRANS = 111, 112           # CBLAS_TRANSPOSE
@@ -39,24 +39,36 @@ def functions(dtype):
     return _found[dtype]
 
 
-def _bind(dtype):
+def symbol(dtype, routine: str) -> str:
+    """The CBLAS symbol of ``routine`` ('gemm' or 'gemv') for ``dtype`` in NumPy's OpenBLAS."""
+    return f"scipy_cblas_{'s' if np.dtype(dtype) == np.float32 else 'd'}{routine}64_"
+
+
+def address(name: str):
+    """The address of symbol ``name`` in the libraries NumPy's extension loaded, or None."""
     import ctypes  # here, not at import linearkit
+
+    try:
+        lib = ctypes.CDLL(np._core._multiarray_umath.__file__)
+        return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+    except (AttributeError, OSError):
+        return None
+
+
+def _bind(dtype):
+    import ctypes
 
     if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
         return None
-    letter, real = ("s", ctypes.c_float) if dtype == np.float32 else ("d", ctypes.c_double)
+    real = ctypes.c_float if dtype == np.float32 else ctypes.c_double
     i64 = ctypes.c_int64
-    try:
-        lib = ctypes.CDLL(np._core._multiarray_umath.__file__)
-        gemm_address = getattr(lib, f"scipy_cblas_{letter}gemm64_")
-        gemv_address = getattr(lib, f"scipy_cblas_{letter}gemv64_")
-    except (AttributeError, OSError):
+    gemm_address, gemv_address = address(symbol(dtype, "gemm")), address(symbol(dtype, "gemv"))
+    if gemm_address is None or gemv_address is None:
         return None
     gemm = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_int, i64, i64, i64, real,
-                            i64, i64, i64, i64, real, i64, i64)(
-        ctypes.cast(gemm_address, ctypes.c_void_p).value)
+                            i64, i64, i64, i64, real, i64, i64)(gemm_address)
     gemv = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, i64, i64, real, i64, i64, i64,
-                            i64, real, i64, i64)(ctypes.cast(gemv_address, ctypes.c_void_p).value)
+                            i64, real, i64, i64)(gemv_address)
     return (gemm, gemv) if _agrees(gemm, gemv, dtype) else None
 
 

@@ -19,7 +19,11 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import binding as _llvm
+from numba import types
+from numba.extending import overload
 
+from . import blas as _blas
 from .blas import NO_TRANS, ROW_MAJOR, TRANS
 from .chain_flags import BIAS, NEED_DB, NEED_DW, NEED_DX, RELU, RES_END, RES_START, WEIGHT_FIRST
 from .elementwise_kernel import bias_relu_, relu_, relu_backward_into
@@ -31,13 +35,68 @@ __all__ = ["chain_backward", "chain_forward"]
 _JIT = {"cache": True, "error_model": "numpy", "fastmath": False, "nogil": True}
 
 
+# NumPy's BLAS, called by symbol: each process tells numba's linker where the symbols are
+# (a cached kernel names them, so it links again in the next process). Passing the ctypes
+# functions as arguments instead cost ~3 us of argument typing per kernel call.
+def _external(dtype, routine: str, signature):
+    name = _blas.symbol(dtype, routine)
+    address = _blas.address(name)
+    if address is not None:     # otherwise blas.functions() is None and no kernel is called
+        _llvm.add_symbol(name, address)
+    return types.ExternalFunction(name, signature)
+
+
+def _gemm_type(real):   # order, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc
+    i32, i64 = types.int32, types.int64
+    return types.void(i32, i32, i32, i64, i64, i64, real, i64, i64, i64, i64, real, i64, i64)
+
+
+def _gemv_type(real):   # order, trans, M, N, alpha, A, lda, X, incx, beta, Y, incy
+    i32, i64 = types.int32, types.int64
+    return types.void(i32, i32, i64, i64, real, i64, i64, i64, i64, real, i64, i64)
+
+
+_GEMM = {types.float32: _external(np.float32, "gemm", _gemm_type(types.float32)),
+         types.float64: _external(np.float64, "gemm", _gemm_type(types.float64))}
+_GEMV = {types.float32: _external(np.float32, "gemv", _gemv_type(types.float32)),
+         types.float64: _external(np.float64, "gemv", _gemv_type(types.float64))}
+
+
+def gemm(order, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    """CBLAS ``?gemm`` of NumPy's BLAS for ``alpha``'s dtype (compiled code only)."""
+    raise NotImplementedError("called from compiled code only")
+
+
+def gemv(order, trans, m, n, alpha, a, lda, x, incx, beta, y, incy):
+    """CBLAS ``?gemv`` of NumPy's BLAS for ``alpha``'s dtype (compiled code only)."""
+    raise NotImplementedError("called from compiled code only")
+
+
+@overload(gemm)
+def _gemm_for(order, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+    fn = _GEMM[alpha]
+
+    def impl(order, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+        fn(order, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+    return impl
+
+
+@overload(gemv)
+def _gemv_for(order, trans, m, n, alpha, a, lda, x, incx, beta, y, incy):
+    fn = _GEMV[alpha]
+
+    def impl(order, trans, m, n, alpha, a, lda, x, incx, beta, y, incy):
+        fn(order, trans, m, n, alpha, a, lda, x, incx, beta, y, incy)
+    return impl
+
+
 @numba.njit(**_JIT)
 def _view(ws, offset, rows, cols):
     return ws[offset:offset + rows * cols].reshape(rows, cols)
 
 
 @numba.njit(**_JIT)
-def chain_forward(gemm, one, zero, x, weights, biases, flags, ws, out):
+def chain_forward(one, zero, x, weights, biases, flags, ws, out):
     """Run the chain on ``x (B, in_0)``: the final output into ``out (B, out_last)``, what the
     backward needs into ``ws``. ``one``/``zero``: 1 and 0 in the dtype (GEMM's alpha, beta)."""
     rows = x.shape[0]
@@ -102,8 +161,8 @@ def _add_into(acc, part):
 
 
 @numba.njit(**_JIT)
-def chain_backward(gemm, gemv, one, zero, dy, x, weights, flags, ws, out, weight_grads,
-                   bias_grads, grad_modes, ones):
+def chain_backward(one, zero, dy, x, weights, flags, ws, out, weight_grads, bias_grads,
+                   grad_modes, ones):
     """The chain's backward for ``dy (B, out_last)``; returns ``(dx (B, in_0), True)``, or
     ``(empty, False)`` when no layer needed an input gradient (a frozen prefix ends the walk).
 

@@ -87,8 +87,7 @@ def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None):
     if plan is None:
         return None
     kernels = fast.kernels()
-    blas = _blas.functions(x.dtype) if kernels is not None else None
-    if blas is None:
+    if kernels is None or _blas.functions(x.dtype) is None:   # NumPy's BLAS, bit-checked
         return None
     k = kernels.chain
     rows, dtype = x.shape[0], x.dtype
@@ -100,7 +99,7 @@ def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None):
     if macs >= _threads.switch_macs:
         _threads.before_gemm(macs)
     try:
-        k.chain_forward(blas[0], one, zero, x, plan.weights, plan.biases, flags, ws, out)
+        k.chain_forward(one, zero, x, plan.weights, plan.biases, flags, ws, out)
     except Exception as err:       # numba could not type these arrays: the thin path, for good
         if not type(err).__module__.startswith("numba"):
             raise
@@ -117,9 +116,9 @@ def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None):
         weight_grads, bias_grads, modes, apart = _grad_targets(plan)
         if macs >= _threads.switch_macs:
             _threads.before_gemm(macs)
-        dx, has_dx = k.chain_backward(blas[0], blas[1], one, zero, dy, saved_x, plan.weights,
-                                      plan.flags_for(rows), ws, mask, weight_grads, bias_grads, modes,
-                                      F._ones_vector(dy.shape[0], dy.dtype))
+        dx, has_dx = k.chain_backward(one, zero, dy, saved_x, plan.weights,
+                                      plan.flags_for(rows), ws, mask, weight_grads, bias_grads,
+                                      modes, F._ones_vector(dy.shape[0], dy.dtype))
         for param, grad in apart:
             param.add_grad(grad)
         if _anomaly.enabled:      # turned on after the forward: each layer's gradients, then dx
