@@ -66,16 +66,16 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
         return _linear_16bit(x, weight, bias)
     if x.size * out_features >= _threads.switch_macs:  # BLAS threads for this GEMM (threads.py)
         _threads.before_gemm(x.size * out_features)
-    if x.ndim == 1:
+    ndim = x.ndim
+    if ndim == 1:
         y = np.matmul(weight, x)
     else:
-        x2 = _rows(x)
-        rows = x2.shape[0]
-        if rows <= _FEW_ROWS_MAX and _weight_first(rows, in_features, out_features, x2.dtype,
-                                                   weight.dtype):
+        x2 = x if ndim == 2 else _rows(x)
+        if out_features >= _FEW_ROWS_MIN_OUT and _weight_first(
+                x2.shape[0], in_features, out_features, x2.dtype, weight.dtype):
             return _linear_weight_first(x, x2, weight, bias)
         y = np.dot(x2, weight.T)    # np.matmul's bits (the same BLAS call), ~0.5 us less to call
-        if x.ndim != 2:
+        if ndim != 2:
             y = y.reshape(x.shape[:-1] + (out_features,))
     if bias is not None:
         y += bias
