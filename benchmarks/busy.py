@@ -5,6 +5,12 @@ A ``Plan`` times each case twice, on the machine as it is ("idle") and with a ``
 running ("busy"), and records beside each median the cores other processes used meanwhile
 (``other_cores``: the spinner alone is ~1.0; more than ~0.2 in an "idle" row means someone
 else was competing and that row is pessimistic).
+
+An "idle" measurement starts ``SETTLE_S`` after the previous case's spinner stopped: "idle"
+means idle for as long as a thread policy looks before it trusts the quiet (linearkit's goes back
+to two threads after two calm samples 0.2 s apart: 0.46 s measured). Without the pause the
+idle row of the case after a busy one timed the policy still on one thread for its first half
+second (mlp128: 1.98 ms, its 1-thread time, against 1.55 ms at two threads).
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import subprocess
 import sys
 import time
 from typing import Self
+
+SETTLE_S = 0.6   # seconds of quiet before each "idle" measurement
 
 # The spinner: a busy loop that also exits by itself when its parent is gone (a worker killed
 # by the parent's timeout cannot run its ``finally``) or after ``limit`` seconds.
@@ -138,6 +146,8 @@ class Plan:
                     (self.cases if r % 2 == 0 else self.cases[::-1]):
                 for state in ("idle", "busy"):
                     key = f"{name}:{state}"
+                    if state == "idle":
+                        time.sleep(SETTLE_S)
                     spin = Spinner() if state == "busy" else contextlib.nullcontext()
                     with setting(), spin, OtherLoad() as load:
                         rec.time(key, build, *args, train=train, **meta)

@@ -84,6 +84,14 @@ class Sequential(Module):
         return self
 
     def forward(self, x):
+        """Each child on the output of the one before. While nothing observes the children one
+        by one (no hooks anywhere, no ``detect_anomaly``: ``fused.thin_path``), a child without
+        hooks runs its ``forward`` directly, without ``__call__``'s checks (~0.6 us a child);
+        an error still names the child, located by this Sequential's own call."""
+        if _fused.thin_path():
+            for module in self._modules.values():
+                x = module(x) if module._hooks else module.forward(x)
+            return x
         for module in self._modules.values():
             x = module(x)
         return x
