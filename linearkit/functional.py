@@ -84,12 +84,13 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
 
 # A forward GEMM of few rows: NumPy's OpenBLAS computes ``x @ W.T`` for 5-48 rows (and for 2-4
 # rows of a big layer) 1.3-2.1x slower than the same products laid out the other way,
-# ``(W @ x.T).T`` (784->256 at 32 rows: 195 vs 125 us; 1024->4096 at 2 rows: 4.6 vs 2.2 ms;
-# docs/fast.md). Every output element is the same dot product, summed by the same kernel in the
+# ``(W @ x.T).T`` (784->256 at 32 rows: 195 vs 129 us with the copy; 1024->4096 at 2 rows: 4.6
+# vs 2.2 ms; docs/fast.md). Every output element is the same dot product, summed by the same kernel in the
 # same order; float32 gave identical bits on every shape tried (tests/test_linear.py checks the
 # shapes this rule picks), float64 did not and is not faster, so it keeps ``x @ W.T``.
 _FEW_ROWS_MIN, _FEW_ROWS_MAX, _FEW_ROWS_MIN_OUT = 2, 48, 128
-_openblas: bool | None = None     # NumPy's BLAS is scipy-openblas (found on the first call)
+_FLOAT32 = np.dtype(np.float32)
+_openblas: bool | None = None     # NumPy's BLAS is OpenBLAS (found on the first call)
 
 
 def _weight_first(rows: int, in_features: int, out_features: int, x_dtype, w_dtype) -> bool:
@@ -103,12 +104,12 @@ def _weight_first(rows: int, in_features: int, out_features: int, x_dtype, w_dty
             and rows * in_features * out_features >= (1 << 20 if rows <= 4 else 1 << 18)):
         return False
     if _openblas is None:
-        blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
+        try:
+            blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
+        except (TypeError, AttributeError):     # a NumPy without show_config(mode=)
+            blas = {}
         _openblas = "openblas" in str(blas.get("name", "")).lower()
     return _openblas
-
-
-_FLOAT32 = np.dtype(np.float32)
 
 
 def _linear_weight_first(x, x2, weight, bias):
@@ -150,7 +151,7 @@ def linear_input_grad(dy: np.ndarray, weight: np.ndarray) -> np.ndarray:
 
     A float16/bfloat16 weight is upcast to float32 in blocks of columns; dx is float32.
     """
-    out_features, in_features = weight.shape
+    in_features = weight.shape[1]
     if weight.itemsize == 2:  # float16/bfloat16 storage
         return _input_grad_16bit(dy, weight)
     if dy.size * in_features >= _threads.switch_macs:  # BLAS threads for this GEMM (threads.py)

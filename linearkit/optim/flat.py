@@ -124,7 +124,8 @@ def fused_adam(flat: FlatState, params: list, keys: tuple, step: int, hyper: dic
 
     Returns False, having touched nothing, for a mixed-precision group, a dtype other than
     float32/float64, a ``p.data`` not C-contiguous or reshaped since the packing, numba absent
-    or ``LINEARKIT_FAST=0``: the caller then runs the NumPy path. The kernel gives the NumPy path's bits (tests/test_fast.py).
+    or ``LINEARKIT_FAST=0``: the caller then runs the NumPy path. The kernel gives the NumPy
+    path's bits (tests/test_fast.py).
     Call it after the step counts are set. The kernel reads each ``p.grad`` where it is (the
     flat buffer's views after ``zero_grad(set_to_none=False)``, fresh arrays after the default
     ``set_to_none=True``): no gradient is copied. ``zero_grads``: the kernel also zeroes each
@@ -132,9 +133,6 @@ def fused_adam(flat: FlatState, params: list, keys: tuple, step: int, hyper: dic
     """
     dtype = flat.buffers["grad"].dtype
     if flat.mixed or not fast.supports(dtype):
-        return False
-    kernels = fast.kernels()    # None under LINEARKIT_FAST=0; numba is imported on first use
-    if kernels is None:
         return False
     grads = [p.grad for p in params]
     own_grads = all(g is view for g, view in zip(grads, flat.grad_views))  # made right here
@@ -145,6 +143,9 @@ def fused_adam(flat: FlatState, params: list, keys: tuple, step: int, hyper: dic
         if not (own_grads or grad.flags.c_contiguous and grad.dtype == dtype
                 and grad.shape == shape):
             return False
+    kernels = fast.kernels()    # None under LINEARKIT_FAST=0; numba is imported on first use
+    if kernels is None:
+        return False
     views = flat.views
     vmax = views[keys[2]] if len(keys) == 3 else None
     kernels.adam_flat(params, grads, views[keys[0]], views[keys[1]], vmax, step=step,
