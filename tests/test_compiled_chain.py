@@ -354,23 +354,33 @@ def test_a_kernel_numba_cannot_type_falls_back_to_the_thin_path(monkeypatch):
 
 _SECOND_PROCESS = """
 import numpy as np, linearkit as lk
-model = lk.Sequential(lk.Linear(12, 16), lk.ReLU(), lk.Linear(16, 3))
-x = np.ones((4, 12), np.float32)
+model = lk.Sequential(lk.Linear(12, 16, rng=np.random.default_rng(0)), lk.ReLU(),
+                      lk.Linear(16, 3, rng=np.random.default_rng(1)))
+x = np.linspace(-1, 1, 48, dtype=np.float32).reshape(4, 12)
 y, backward = model.vjp(x)
-backward(np.ones((4, 3), np.float32))
+dx = backward(np.ones((4, 3), np.float32))
 chain = lk.fast.kernels().chain
 stats = [chain.chain_forward.stats, chain.chain_backward.stats]
 print(sum(s.cache_hits.get(k, 0) for s in stats for k in s.cache_hits),
-      sum(s.cache_misses.get(k, 0) for s in stats for k in s.cache_misses))
+      sum(s.cache_misses.get(k, 0) for s in stats for k in s.cache_misses),
+      (y.tobytes() + dx.tobytes() + model[0].weight.grad.tobytes()).hex())
 """
 
 
-def test_a_second_process_loads_the_chain_from_numbas_cache(tmp_path):
+def test_a_second_process_loads_the_chain_from_numbas_cache(tmp_path, monkeypatch):
     """The kernels call NumPy's BLAS by symbol (linked anew in each process): a second process
-    must load them from the on-disk cache, not compile them again, and get the same values."""
+    must load them from the on-disk cache, not compile them again, and get the thin path's bits."""
     import os
     import subprocess
     import sys
+
+    monkeypatch.setattr(compiled, "chain_vjp", lambda *args: None)     # the thin path, here
+    model = lk.Sequential(lk.Linear(12, 16, rng=np.random.default_rng(0)), lk.ReLU(),
+                          lk.Linear(16, 3, rng=np.random.default_rng(1)))  # as the script
+    x = np.linspace(-1, 1, 48, dtype=np.float32).reshape(4, 12)
+    y, backward = model.vjp(x)
+    dx = backward(np.ones((4, 3), np.float32))
+    want = (y.tobytes() + dx.tobytes() + model[0].weight.grad.tobytes()).hex()
 
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
     env.pop("LINEARKIT_FAST", None)
@@ -378,6 +388,7 @@ def test_a_second_process_loads_the_chain_from_numbas_cache(tmp_path):
                            capture_output=True, timeout=300, check=False) for _ in range(2)]
     for run in runs:
         assert run.returncode == 0, run.stderr
-    first, second = (tuple(map(int, run.stdout.split())) for run in runs)
-    assert first[1] == 2                     # compiled (forward, backward) and saved
-    assert second == (2, 0), second          # loaded, nothing compiled
+    first, second = (run.stdout.split() for run in runs)
+    assert int(first[1]) == 2                          # compiled (forward, backward), saved
+    assert (int(second[0]), int(second[1])) == (2, 0)  # loaded, nothing compiled
+    assert first[2] == second[2] == want               # the BLAS linked right, both times
