@@ -89,9 +89,16 @@ def timed_runs(command, repeats: int, steps: int) -> dict:
     runs = [fresh(command(steps)) for _ in range(max(1, repeats))]
     walls = [r["wall_s"] for r in runs]
     report = runs[-1]["report"]
-    loop_s = report.get("train_s", report.get("seconds"))
+    loops = [r["report"].get("train_s", r["report"].get("seconds")) for r in runs]
+    # each run's own loop and rest, then their medians: the machine's speed drifts from run
+    # to run, so one run's loop beside the median wall could exceed it
+    known = [(w, t) for w, t in zip(walls, loops) if t is not None]
+    imports = [r["report"]["import_s"] for r in runs if r["report"].get("import_s") is not None]
     return {"median_s": statistics.median(walls), "min_s": min(walls), "repeats_s": walls,
-            "steps": steps, "loop_s": loop_s, "import_s": report.get("import_s"),
+            "steps": steps,
+            "loop_s": statistics.median(t for _, t in known) if known else None,
+            "rest_s": statistics.median(w - t for w, t in known) if known else None,
+            "import_s": statistics.median(imports) if imports else None,
             "test_accuracy": report.get("test_accuracy"),
             "train_accuracy": report.get("train_accuracy")}
 

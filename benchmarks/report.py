@@ -311,9 +311,10 @@ def e2e_section(v: View):
         r = v.get("e2e", fw, case)
         if r is None:
             continue
-        wall, loop = r.get("median_s"), r.get("loop_s")
-        rows.append([label, num(wall, 2), num(loop, 2),
-                     num(wall - loop if _ok(wall) and _ok(loop) else None, 2),
+        wall, loop, rest = r.get("median_s"), r.get("loop_s"), r.get("rest_s")
+        if rest is None and _ok(wall) and _ok(loop):    # results saved before rest_s existed
+            rest = wall - loop
+        rows.append([label, num(wall, 2), num(loop, 2), num(rest, 2),
                      num(r.get("import_s"), 2), pct(r.get("test_accuracy")),
                      ratio(div(wall, lk_t))])
     fast = (v.get("e2e", "linearkit", "fast") or {}) if v.has("e2e") else {}
@@ -329,9 +330,9 @@ def e2e_section(v: View):
         "What a user waits for: interpreter start-up, imports, loading MNIST-1D, building the "
         "model, 6,000 steps of batch 100 (in a full run), test accuracy every 500 steps and at "
         "the end, train accuracy, saving the weights (benchmarks/e2e.py). Each command ran once "
-        f"untimed (caches filled: {kernels}), then {repeats} timed run(s); median wall time. "
-        "*The rest* = wall − the loop's own timer (start-up, data, evaluation after the loop, "
-        "saving). The PyTorch and JAX scripts use the benchmark's own model and step "
+        f"untimed (caches filled: {kernels}), then {repeats} timed run(s); medians over them "
+        "(each column on its own, so they need not add up). *The rest* = each run's wall − its "
+        "loop's own timer (start-up, data, evaluation after the loop, saving). The PyTorch and JAX scripts use the benchmark's own model and step "
         "(`impl_torch`, `impl_jax`); JAX compiles inside the timed run.")
 
 
@@ -812,8 +813,12 @@ def _rounds(meta: dict) -> str:
 def _rendered(meta: dict) -> str:
     if not meta.get("rendered_from"):
         return ""
-    return ("; this page was rendered from that run's saved results "
+    text = ("; this page was rendered from that run's saved results "
             "(`python -m benchmarks --from-json FILE --write-docs`)")
+    for merged in meta.get("merged", []):   # {"groups", "argv", "date"}: a later run's groups
+        text += (f", with the {', '.join(merged['groups'])} group(s) from a later run "
+                 f"(`{' '.join(merged['argv'])}` on {merged['date']})")
+    return text
 
 
 def _minutes(meta: dict) -> str:

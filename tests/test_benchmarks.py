@@ -258,3 +258,14 @@ def test_the_e2e_pytorch_script_trains_evaluates_and_saves(tmp_path):
     with pytest.raises(RuntimeError, match="exited with"):
         e2e.fresh(e2e.script_command("torch", str(tmp_path / "missing.npz"), str(out), 1))
     json.dumps(got)
+
+
+def test_a_page_rendered_from_merged_results_says_which_groups_came_later():
+    from benchmarks.report import _rendered
+
+    assert _rendered({}) == ""
+    text = _rendered({"rendered_from": "run.json",
+                      "merged": [{"groups": ["e2e"], "argv": ["python", "-m", "benchmarks",
+                                                              "--only", "e2e"], "date": "D"}]})
+    assert "saved results" in text and "e2e group(s) from a later run" in text
+    assert "`python -m benchmarks --only e2e` on D" in text
