@@ -75,6 +75,27 @@ def test_thin_path_is_bitwise_the_guarded_chain(monkeypatch, fast_env, dtype, na
     _same(thin[0], model(x))                       # and the plain forward
 
 
+@pytest.mark.parametrize("fast_env", ["1", "0"])
+@pytest.mark.parametrize("dtype", DTYPES + ["bfloat16"])
+@pytest.mark.parametrize("name", ["mlp", "recipe", "no-bias+others", "relu-first"])
+@pytest.mark.parametrize("lead", [(5,), (1,), (2, 3), ()])
+def test_thin_forward_is_bitwise_each_childs_call(monkeypatch, fast_env, dtype, name, lead):
+    """``model(x)`` on the thin path (children's forward, Linear -> ReLU in one step) gives the
+    bits of every child called through ``__call__`` one by one."""
+    monkeypatch.setenv("LINEARKIT_FAST", fast_env)
+    rng = np.random.default_rng(2)
+    model = _models(np.float32 if dtype == "bfloat16" else dtype, rng)[name]
+    if dtype == "bfloat16":
+        model.to("bfloat16")                     # 16-bit storage: Linear's own path
+    x = rng.standard_normal(lead + (6,)).astype(np.float32 if dtype == "bfloat16" else dtype)
+    x.reshape(-1)[:1] = 0.0
+    thin = model(x)
+    with monkeypatch.context() as m:
+        m.setattr(fused, "thin_path", lambda: False)
+        guarded = model(x)
+    _same(thin, guarded)
+
+
 def test_frozen_prefix_is_not_visited_and_gets_no_gradient(monkeypatch):
     rng = np.random.default_rng(1)
     model = _models(np.float32, rng)["mlp"]

@@ -86,12 +86,11 @@ class Sequential(Module):
     def forward(self, x):
         """Each child on the output of the one before. While nothing observes the children one
         by one (no hooks anywhere, no ``detect_anomaly``: ``fused.thin_path``), a child without
-        hooks runs its ``forward`` directly, without ``__call__``'s checks (~0.6 us a child);
-        an error still names the child, located by this Sequential's own call."""
+        hooks runs its ``forward`` directly, without ``__call__``'s checks (~0.6 us a child),
+        and ``Linear -> ReLU`` as one step (``fused.chain_forward``: the same bits); an error
+        still names the child, located by this Sequential's own call."""
         if _fused.thin_path():
-            for module in self._modules.values():
-                x = module(x) if module._hooks else module.forward(x)
-            return x
+            return _fused.chain_forward(list(self._modules.values()), x)
         for module in self._modules.values():
             x = module(x)
         return x

@@ -32,7 +32,7 @@ from . import compiled as _compiled
 from .activation import GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
 from .linear import Identity, Linear, linear_backward_into
 
-__all__ = ["chain_vjp", "thin_path"]
+__all__ = ["chain_forward", "chain_vjp", "thin_path"]
 
 # Layers whose vjp needs no guard inside a guarded chain: their backward returns dx of their
 # input's shape and never calls back into user code.
@@ -113,17 +113,7 @@ def _linear_relu_vjp(linear: Linear, x, input_grad: bool):
             and x.shape[-1] == linear.in_features):     # Linear.forward's inline check
         x = linear._input(x)
     kernels = fast.kernels() if fast.supports(w.data.dtype) else None
-    y = F.linear(x, w.data, None)
-    y2 = y.reshape(-1, y.shape[-1]) if y.ndim != 2 else y
-    if kernels is not None and y2.flags.c_contiguous:
-        if b is None:
-            kernels.relu_(y2)
-        else:
-            kernels.bias_relu_(y2, b.data)
-    else:
-        if b is not None:
-            y += b.data
-        np.maximum(y, 0, out=y)
+    y = _linear_relu(x, w, b, kernels)
     need_dw = w.requires_grad
     need_db = b is not None and b.requires_grad
     saved_x = x if need_dw else None
@@ -135,6 +125,47 @@ def _linear_relu_vjp(linear: Linear, x, input_grad: bool):
                                     input_grad)
 
     return y, backward
+
+
+def _linear_relu(x, w, b, kernels):
+    """``relu(x @ W.T + b)`` into the GEMM's fresh output, in place (one compiled pass when
+    ``kernels``; else ``y += b`` and ``np.maximum(y, 0, out=y)``: the same bits)."""
+    y = F.linear(x, w.data, None)
+    y2 = y.reshape(-1, y.shape[-1]) if y.ndim != 2 else y
+    if kernels is not None and y2.flags.c_contiguous:
+        if b is None:
+            kernels.relu_(y2)
+        else:
+            kernels.bias_relu_(y2, b.data)
+    else:
+        if b is not None:
+            y += b.data
+        np.maximum(y, 0, out=y)
+    return y
+
+
+def chain_forward(modules: list, x):
+    """``Sequential.forward`` on the thin path: each hook-free child's ``forward`` without its
+    ``__call__``, and a ``Linear`` followed by a plain ``ReLU`` as ``_linear_relu`` (bitwise
+    the two calls). An error names the child (located by the Sequential's own call)."""
+    i, n = 0, len(modules)
+    while i < n:
+        module = modules[i]
+        if module._hooks:
+            x = module(x)
+        elif (type(module) is Linear and i + 1 < n and _fusable(modules[i + 1])
+              and module.weight.data.itemsize != 2):    # 16-bit storage: Linear's own path
+            w = module.weight
+            if not (type(x) is np.ndarray and x.dtype is w.data.dtype and x.ndim
+                    and x.shape[-1] == module.in_features):     # Linear.forward's check
+                x = module._input(x)
+            x = _linear_relu(x, w, module.bias,
+                             fast.kernels() if fast.supports(w.data.dtype) else None)
+            i += 1
+        else:
+            x = module.forward(x)
+        i += 1
+    return x
 
 
 def _relu_grad(dy, y, kernels):
