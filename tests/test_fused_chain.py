@@ -83,6 +83,7 @@ def test_thin_forward_is_bitwise_each_childs_call(monkeypatch, fast_env, dtype, 
     """``model(x)`` on the thin path (children's forward, Linear -> ReLU in one step) gives the
     bits of every child called through ``__call__`` one by one."""
     monkeypatch.setenv("LINEARKIT_FAST", fast_env)
+    lk.fast.kernels()        # loaded (numba installed): the forward may use them, not import them
     rng = np.random.default_rng(2)
     model = _models(np.float32 if dtype == "bfloat16" else dtype, rng)[name]
     if dtype == "bfloat16":
@@ -94,6 +95,21 @@ def test_thin_forward_is_bitwise_each_childs_call(monkeypatch, fast_env, dtype, 
         m.setattr(fused, "thin_path", lambda: False)
         guarded = model(x)
     _same(thin, guarded)
+
+
+def test_inference_alone_never_imports_numba():
+    """A plain forward uses the compiled bias+ReLU only once training loaded the kernels."""
+    import subprocess
+    import sys
+
+    script = ("import sys, numpy as np, linearkit as lk\n"
+              "m = lk.Sequential(lk.Linear(4, 8), lk.ReLU(), lk.Linear(8, 2))\n"
+              "m(np.ones((3, 4), np.float32))\n"
+              "print('numba' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "False"
 
 
 def test_frozen_prefix_is_not_visited_and_gets_no_gradient(monkeypatch):

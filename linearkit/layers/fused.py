@@ -147,7 +147,8 @@ def _linear_relu(x, w, b, kernels):
 def chain_forward(modules: list, x):
     """``Sequential.forward`` on the thin path: each hook-free child's ``forward`` without its
     ``__call__``, and a ``Linear`` followed by a plain ``ReLU`` as ``_linear_relu`` (bitwise
-    the two calls). An error names the child (located by the Sequential's own call)."""
+    the two calls; compiled only when the kernels are already loaded, so that inference alone
+    never imports numba). An error names the child (located by the Sequential's own call)."""
     i, n = 0, len(modules)
     while i < n:
         module = modules[i]
@@ -159,8 +160,8 @@ def chain_forward(modules: list, x):
             if not (type(x) is np.ndarray and x.dtype is w.data.dtype and x.ndim
                     and x.shape[-1] == module.in_features):     # Linear.forward's check
                 x = module._input(x)
-            x = _linear_relu(x, w, module.bias,
-                             fast.kernels() if fast.supports(w.data.dtype) else None)
+            x = _linear_relu(x, w, module.bias,   # kernels only if training loaded them
+                             fast.loaded() if fast.supports(w.data.dtype) else None)
             i += 1
         else:
             x = module.forward(x)
