@@ -85,9 +85,10 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
 # A forward GEMM of few rows: NumPy's OpenBLAS computes ``x @ W.T`` for 5-48 rows (and for 2-4
 # rows of a big layer) 1.3-2.1x slower than the same products laid out the other way,
 # ``(W @ x.T).T`` (784->256 at 32 rows: 195 vs 129 us with the copy; 1024->4096 at 2 rows: 4.6
-# vs 2.2 ms; docs/fast.md). Every output element is the same dot product, summed by the same kernel in the
-# same order; float32 gave identical bits on every shape tried (tests/test_linear.py checks the
-# shapes this rule picks), float64 did not and is not faster, so it keeps ``x @ W.T``.
+# vs 2.2 ms; docs/fast.md). Every output element is the same dot product (the same kernel, the
+# two dimensions' roles swapped); float32 gave identical bits on every shape tried
+# (tests/test_linear.py checks the shapes this rule picks), float64 did not and is not faster,
+# so it keeps ``x @ W.T``.
 _FEW_ROWS_MIN, _FEW_ROWS_MAX, _FEW_ROWS_MIN_OUT = 2, 48, 128
 _FLOAT32 = np.dtype(np.float32)
 _openblas: bool | None = None     # NumPy's BLAS is OpenBLAS (found on the first call)
