@@ -128,14 +128,16 @@ def fused_adam(flat: FlatState, params: list, keys: tuple, step: int, hyper: dic
     path's bits (tests/test_fast.py).
     Call it after the step counts are set. The kernel reads each ``p.grad`` where it is (the
     flat buffer's views after ``zero_grad(set_to_none=False)``, fresh arrays after the default
-    ``set_to_none=True``): no gradient is copied. ``zero_grads``: the kernel also zeroes each
-    ``p.grad`` in place after reading it, and marks it zeroed (``zero_grad(set_to_none=False)``).
+    ``set_to_none=True``): no gradient is copied. ``zero_grads`` (only when every ``p.grad`` is
+    the flat buffer's view: ``flat.owns_grads``): the kernel also zeroes each ``p.grad`` in place
+    after reading it, and marks it zeroed (``zero_grad(set_to_none=False)``).
     """
     dtype = flat.buffers["grad"].dtype
     if flat.mixed or not fast.supports(dtype):
         return False
     grads = [p.grad for p in params]
-    own_grads = all(g is view for g, view in zip(grads, flat.grad_views))  # made right here
+    # the flat buffer's own views (made right here); zero_grads says the caller checked it
+    own_grads = zero_grads or all(g is view for g, view in zip(grads, flat.grad_views))
     for p, grad, shape in zip(params, grads, flat.shapes):  # the kernel has no bounds checks
         d = p.data
         if not (d.flags.c_contiguous and d.dtype == dtype and d.shape == shape):
