@@ -46,6 +46,10 @@ GROUP_HELP = {
 # Groups whose numbers depend on the BLAS kernel: rerun under --forced-kernel.
 BLAS_GROUPS = ("large", "precision", "small", "batch1", "mlp", "recipe")
 BLAS_FRAMEWORKS = ("numpy", "linearkit")
+# Groups whose frameworks' repeats are taken in turn, one process each (benchmarks/paired.py):
+# every case of theirs is a ratio target, and a ratio of two medians taken minutes apart on this
+# machine measures its drift as much as the frameworks.
+PAIRED_GROUPS = ("large", "small", "batch1", "mlp")
 
 LARGE = [((256, 1024), 4096), ((1024, 1024), 4096), ((64, 128, 1024), 4096)]
 PRECISION = LARGE[:2]  # the shapes of issue 10's acceptance (16-bit storage vs float32)

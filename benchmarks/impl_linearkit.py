@@ -20,6 +20,11 @@ from .impl_numpy import readme_batch, recipe_stream, recipe_timing, recipe_varia
 from .timing import loop
 
 lk = None
+# --serve (benchmarks/paired.py): before each repeat, run the case this long untimed. The other
+# frameworks' turns look like load from other processes to the BLAS-thread policy, which backs
+# off to one thread and comes back after UP_SAMPLES calm samples SAMPLE_S apart (0.46 s
+# measured, benchmarks/busy.py); a repeat should see it as it is on an idle machine.
+SERVE_WARM_S = 0.7
 
 
 def check() -> None:

@@ -8,9 +8,11 @@ and 11; their limits live in ``benchmarks.cases``).
 from __future__ import annotations
 
 import math
+import statistics
 
 from . import cases
 from .machine import summary as machine_line
+from .paired import pair_key
 
 FW_NAMES = {"numpy": "NumPy", "linearkit": "linearkit", "torch": "PyTorch", "jax": "JAX jit"}
 
@@ -57,6 +59,34 @@ class View:
     def seconds(self, group: str, fw: str, case: str) -> float | None:
         res = self.get(group, fw, case)
         return None if res is None else res.get("median_s")
+
+    def ratio(self, group: str, over: tuple[str, str], under: tuple[str, str]) -> float | None:
+        """The time of ``over`` over that of ``under``, each a ``(framework, case)`` of
+        ``group``: the median of the ratios of their repeats taken in turn (benchmarks/paired.py)
+        when they were, else the ratio of the two medians."""
+        rounds = self.paired_ratios(group, over, under)
+        if rounds:
+            return statistics.median(r for rs in rounds for r in rs)
+        return div(self.seconds(group, *over), self.seconds(group, *under))
+
+    def paired_ratios(self, group: str, over: tuple[str, str],
+                      under: tuple[str, str]) -> list[list[float]]:
+        """Per round, the ratios of the k-th repeats of ``over`` and ``under`` (each a
+        ``(framework, case)``); empty unless both ran in the same interleaved run."""
+        wa, wb = self.worker(group, over[0]), self.worker(group, under[0])
+        if not wa or not wb or under[0] not in (wa.get("paired") or ()) \
+                or over[0] not in (wb.get("paired") or ()) \
+                or pair_key(over[1]) != pair_key(under[1]):
+            return []
+        a, b = self.get(group, *over), self.get(group, *under)
+        if a is None or b is None:
+            return []
+        out = []
+        for ra, rb in zip(a.get("round_repeats_s") or [a.get("repeats_s")],
+                          b.get("round_repeats_s") or [b.get("repeats_s")]):
+            if ra and rb and len(ra) == len(rb):
+                out.append([x / y for x, y in zip(ra, rb) if _ok(x) and _ok(y) and y > 0])
+        return [rs for rs in out if rs]
 
     def has(self, group: str) -> bool:
         return group in self.runs
@@ -208,7 +238,8 @@ def batch1_section(v: View):
         rows.append([f"Linear({in_f}, {out_f}), x (1, {in_f})",
                      us(v.seconds("batch1", "numpy", f"bwd:{key}")),
                      us(v.seconds("batch1", "numpy", f"bwd-gemm:{key}")),
-                     us(lk_t), us(pt_t), ratio(div(pt_t, lk_t))])
+                     us(lk_t), us(pt_t),
+                     ratio(v.ratio("batch1", ("torch", f"bwd:{key}"), ("linearkit", f"bwd:{key}")))])
     return _section(
         "3. Batch-1 backward (µs per backward: dX, dW, db)",
         ["layer", "NumPy outer", "NumPy dy.T@x", "linearkit", "PyTorch", "PyTorch/linearkit"],
@@ -222,15 +253,14 @@ def mlp_sections(v: View):
     rows = []
     for batch in cases.MLP_TRAIN_BATCHES:
         sps = {(fw, c): div(batch, v.seconds("mlp", fw, f"{c}:{batch}")) for fw, c in fws}
-        lk_ = sps[("linearkit", "train")]
-        gemms = own_gemms(v, batch)
         rows.append([str(batch)] + [rate(sps[k]) for k in fws] +
-                    [ratio(div(lk_, sps[("torch", "train-fused")])),
-                     ratio(div(lk_, sps[("jax", "train")])),
+                    [ratio(v.ratio("mlp", ("torch", f"train-fused:{batch}"),
+                                   ("linearkit", f"train:{batch}"))),
+                     ratio(v.ratio("mlp", ("jax", f"train:{batch}"), ("linearkit", f"train:{batch}"))),
                      rate(div(batch, v.seconds("mlp", "numpy", f"gemms:{batch}"))),
                      rate(div(batch, (v.get("mlp", "linearkit", f"gemms:{batch}") or {})
                               .get("median_s"))),
-                     ratio(div(div(batch, lk_), gemms))])
+                     ratio(step_over_gemms(v, batch))])
     train = _section(
         "4a. MLP 784-256-256-10 training, Adam, float32 (samples/s)",
         ["batch", "NumPy", "linearkit", "PyTorch", "PyTorch fused Adam", "JAX jit",
@@ -250,7 +280,8 @@ def mlp_sections(v: View):
              for fw in ("numpy", "linearkit", "torch", "jax")}
         rows.append([str(batch)] + [f"{rate(div(batch, t[fw]))} ({us(t[fw])} µs)"
                                     for fw in ("numpy", "linearkit", "torch", "jax")] +
-                    [ratio(div(t["torch"], t["linearkit"])), ratio(div(t["jax"], t["linearkit"]))])
+                    [ratio(v.ratio("mlp", (fw, f"infer:{batch}"), ("linearkit", f"infer:{batch}")))
+                     for fw in ("torch", "jax")])
     infer = _section(
         "4b. MLP 784-256-256-10 inference (samples/s, µs per call)",
         ["batch", "NumPy", "linearkit", "PyTorch", "JAX jit", "lk / PT", "lk / JAX"], rows,
@@ -521,13 +552,13 @@ def targets(v: View) -> list[list[str]]:
             limit = cases.SMALL_LIMITS[kind]
             t, npt = v.seconds("small", "linearkit", kind), v.seconds("small", "numpy", kind)
             pt = v.seconds("small", "torch", kind)
-            r = div(t, npt)
+            r = v.ratio("small", ("linearkit", kind), ("numpy", kind))
             add("11", f"Linear(16,16) one row: {label} ≤ {limit}× the bare-NumPy floor",
                 f"{ratio(r)} ({us(t)} vs {us(npt)} µs; PyTorch {us(pt)})", at_most(r, limit))
     if v.has("batch1"):
         for in_f, out_f in cases.BATCH1:
             key = f"bwd:{in_f}->{out_f}"
-            r = div(v.seconds("batch1", "torch", key), v.seconds("batch1", "linearkit", key))
+            r = v.ratio("batch1", ("torch", key), ("linearkit", key))
             add("3, 11", f"batch-1 backward {in_f}->{out_f} no slower than PyTorch",
                 f"{ratio(r)} PyTorch's speed", at_least(r, 1.0))
     if v.has("mlp"):
@@ -567,6 +598,9 @@ def round_ratios(v: View, group: str, case: str, base: str = "numpy",
                  fw: str = "linearkit") -> list[float]:
     """``base``'s time over ``fw``'s in each round both ran (``--rounds`` / the large group's
     own rounds pair up in order); one ratio when the case ran once."""
+    paired = v.paired_ratios(group, (base, case), (fw, case))
+    if paired:
+        return [statistics.median(rs) for rs in paired]
     a, b = v.get(group, base, case), v.get(group, fw, case)
     if a is None or b is None:
         return []
@@ -605,26 +639,31 @@ def large_targets(v: View, add) -> None:
 
 def mlp_targets(v: View, add) -> None:
     for batch in cases.MLP_TRAIN_BATCHES:
-        lk_t = v.seconds("mlp", "linearkit", f"train:{batch}")
         limit = cases.MLP_VS_TORCH_FUSED[batch]
-        r = div(v.seconds("mlp", "torch", f"train-fused:{batch}"), lk_t)
+        r = v.ratio("mlp", ("torch", f"train-fused:{batch}"), ("linearkit", f"train:{batch}"))
         add("11", f"MLP train b{batch} ≥ {limit}× PyTorch fused Adam", ratio(r),
             at_least(r, limit))
         limit = cases.MLP_VS_JAX[batch]
-        r = div(v.seconds("mlp", "jax", f"train:{batch}"), lk_t)
+        r = v.ratio("mlp", ("jax", f"train:{batch}"), ("linearkit", f"train:{batch}"))
         add("11", f"MLP train b{batch} ≥ {limit}× JAX jit", ratio(r), at_least(r, limit))
     batch = cases.MLP_GEMM_BATCH
     step = v.seconds("mlp", "linearkit", f"train:{batch}")
     gemms = own_gemms(v, batch)
-    r = div(step, gemms)
+    r = step_over_gemms(v, batch)
     add("11", f"MLP train b{batch}: step ≤ {cases.MLP_GEMM_LIMIT}× its 8 GEMMs back to back",
         f"{ratio(r)} ({num(step and 1e3 * step, 2)} vs {num(gemms and 1e3 * gemms, 2)} ms)",
         at_most(r, cases.MLP_GEMM_LIMIT))
-    lk_t = v.seconds("mlp", "linearkit", "infer:1")
-    r = div(v.seconds("mlp", "torch", "infer:1"), lk_t)
+    r = v.ratio("mlp", ("torch", "infer:1"), ("linearkit", "infer:1"))
     add("3", "MLP inference b1 ≥ 2× PyTorch", ratio(r), at_least(r, 2.0))
-    r = div(v.seconds("mlp", "jax", "infer:256"), v.seconds("mlp", "linearkit", "infer:256"))
+    r = v.ratio("mlp", ("jax", "infer:256"), ("linearkit", "infer:256"))
     add("3", "MLP inference b256 ≥ JAX jit", ratio(r), at_least(r, 1.0))
+
+
+def step_over_gemms(v: View, batch: int) -> float | None:
+    """linearkit's MLP step over its own 8 GEMMs (NumPy's when linearkit's were not measured)."""
+    w = v.worker("mlp", "linearkit") or {}
+    fw = "linearkit" if f"gemms:{batch}" in w.get("results", {}) else "numpy"
+    return v.ratio("mlp", ("linearkit", f"train:{batch}"), (fw, f"gemms:{batch}"))
 
 
 def own_gemms(v: View, batch: int):
@@ -676,7 +715,8 @@ TARGETS_INTRO = (
     "replace, measured in this run. A ratio is the other implementation's time over "
     "linearkit's (above 1: linearkit faster) unless the target names a limit on linearkit's "
     "own time (≤). The large-layer rows hold \"in three consecutive runs\": NumPy and "
-    "linearkit run that group in three rounds in a full run, each round's ratio shown.")
+    "linearkit run that group in three rounds in a full run, each round's ratio shown (in a"
+    " run with repeats in turn, the median of that round's paired repeats' ratios).")
 
 
 def all_sections(v: View) -> list[dict]:
@@ -850,6 +890,15 @@ def render_markdown(results: dict) -> str:
         "issue. Each framework runs in its own child process "
         "(`python -m benchmarks.worker FRAMEWORK GROUP`), never two at once: two thread pools "
         "in one process slow each other down."),
+        ("- Repeats in turn (groups " + ", ".join(cases.PAIRED_GROUPS) + "; "
+         "benchmarks/paired.py): every framework's process builds and calibrates its cases "
+         "alone, then waits while the parent asks each in turn for one repeat of the cases it "
+         "compares (same shape or batch), 0.2 s apart so that the last one's BLAS threads stop "
+         "spinning; linearkit runs its case untimed for 0.7 s before each repeat, so that its "
+         "BLAS-thread policy sees the machine idle again after the others' turns. A ratio in "
+         "these groups is the median of the ratios of repeats taken together (seconds apart), "
+         "not of two medians taken minutes apart: this machine's speed drifts by up to 1.5× "
+         "over minutes."),
         ("- The children run with `OPENBLAS_CORETYPE` and `OPENBLAS_L2_SIZE` unset, so OpenBLAS "
         "picks its kernel itself; threadpoolctl reports which one (below). "
         "`--forced-kernel` reruns NumPy and linearkit with the values set in the parent."),

@@ -5,7 +5,10 @@ Runs each (framework, group) in its own child process, one after another, with
 ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` removed from the children's environment (the
 parent's own environment is left as it is); prints the tables and every target of issues 3, 7,
 10 and 11 as MET/MISSED. The large group runs ``cases.LARGE_ROUNDS`` rounds for NumPy and
-linearkit in a full run (its target holds "in three consecutive runs").
+linearkit in a full run (its target holds "in three consecutive runs"). The groups of
+``cases.PAIRED_GROUPS`` take their frameworks' repeats in turn (benchmarks/paired.py): still a
+process per framework and never two running at once, but the k-th repeats of compared cases
+lie seconds apart, not minutes.
 ``--forced-kernel`` reruns the BLAS-bound groups for NumPy and linearkit with those variables as
 the parent has them (or ``OPENBLAS_CORETYPE=CORETYPE`` when given) and reports them too.
 ``--write-docs`` regenerates ``docs/performance.md`` (and ``docs/sweep.md``, and the busy block
@@ -26,6 +29,7 @@ from pathlib import Path
 
 from . import cases, report
 from .machine import BLAS_ENV
+from .paired import run_paired
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "performance.md"
@@ -51,9 +55,17 @@ def child_env(forced: dict | None, threads: int | None = None) -> dict:
     return env
 
 
+def child_flags(quick: bool | str) -> list[str]:
+    return {"smoke": ["--smoke"], True: ["--quick"]}.get(quick, [])
+
+
+def _errors_note(outs) -> str:
+    errors = sum(len(o.get("errors", {})) + ("failed" in o) for o in outs)
+    return f"  ({errors} error(s))" if errors else ""
+
+
 def run_child(framework: str, group: str, quick: bool | str, env: dict, timeout: float) -> dict:
-    flag = {"smoke": ["--smoke"], True: ["--quick"]}.get(quick, [])
-    cmd = [sys.executable, "-m", "benchmarks.worker", framework, group, *flag]
+    cmd = [sys.executable, "-m", "benchmarks.worker", framework, group, *child_flags(quick)]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False,
@@ -77,7 +89,8 @@ def merge_rounds(outs: list[dict]) -> dict:
 
     On a shared machine a burst of load can slow one whole child process many times over
     (a BLAS thread waiting for a core); the least disturbed round is the better estimate.
-    Every round's median is kept under ``round_medians_s``.
+    Every round's median is kept under ``round_medians_s``, its repeats under
+    ``round_repeats_s`` (paired across frameworks when the group's repeats were taken in turn).
     """
     if len(outs) == 1:
         return outs[0]
@@ -95,6 +108,8 @@ def merge_rounds(outs: list[dict]) -> dict:
         # in round order, None where the case failed in that round (so rounds stay paired
         # across frameworks: the large group's per-round ratios)
         best["round_medians_s"] = [o.get("results", {}).get(case, {}).get("median_s")
+                                   for o in outs]
+        best["round_repeats_s"] = [o.get("results", {}).get(case, {}).get("repeats_s")
                                    for o in outs]
         results[case] = best
     for o in outs[1:]:
@@ -206,19 +221,30 @@ def measure_all(args) -> dict:
                 order = fws if r % 2 == 0 else fws[::-1]
                 if r >= rounds:
                     order = [fw for fw in order if fw in cases.BLAS_FRAMEWORKS]
+                tag = f" (round {r + 1}/{max(rounds, least)})" if max(rounds, least) > 1 else ""
                 for fw in order:
                     if not available(fw):
                         outs[fw] = [{"framework": fw, "group": group,
                                      "unavailable": f"{FRAMEWORK_MODULE[fw]} is not installed"}]
-                        continue
-                    tag = f" (round {r + 1}/{max(rounds, least)})" if max(rounds, least) > 1 \
-                        else ""
+                order = [fw for fw in order if available(fw)]
+                if group in cases.PAIRED_GROUPS and len(order) > 1:
+                    print(f"[{name}] {group:9s} {'+'.join(order)}{tag}, repeats in turn ...",
+                          end="", file=sys.stderr, flush=True)
+                    started_group = time.perf_counter()
+                    paired = run_paired(order, group, child_flags(quick), ROOT, env,
+                                        args.timeout * len(order),
+                                        cases.config(quick)["repeats"])
+                    print(f" {time.perf_counter() - started_group:6.1f} s"
+                          f"{_errors_note(paired.values())}", file=sys.stderr)
+                    for fw in order:
+                        outs.setdefault(fw, []).append(paired[fw])
+                    continue
+                for fw in order:
                     print(f"[{name}] {group:9s} {fw:9s}{tag} ...", end="", file=sys.stderr,
                           flush=True)
                     out = run_child(fw, group, quick, env, args.timeout)
-                    errors = len(out.get("errors", {})) + ("failed" in out)
-                    print(f" {out.get('child_s', 0):6.1f} s"
-                          f"{f'  ({errors} error(s))' if errors else ''}", file=sys.stderr)
+                    print(f" {out.get('child_s', 0):6.1f} s{_errors_note([out])}",
+                          file=sys.stderr)
                     outs.setdefault(fw, []).append(out)
             for fw in fws:
                 if fw in outs:

@@ -30,13 +30,10 @@ def _timed(run: Callable[[], None], gc_off: bool) -> float:
             gc.enable()
 
 
-def measure(prepare: Prepare, *, repeats: int, min_time: float, warmup: int = 1,
-            gc_off: bool = True, max_n: int = 1_000_000) -> dict:
-    """Median seconds per iteration of ``prepare(n)()`` over ``repeats`` repeats.
-
-    ``gc_off`` disables the cyclic garbage collector inside the timed region (as ``timeit``
-    does) for micro-benchmarks; training loops keep it on, since collection is part of the cost.
-    """
+def calibrate(prepare: Prepare, *, min_time: float, warmup: int = 1, gc_off: bool = True,
+              max_n: int = 1_000_000) -> int:
+    """Warm ``prepare`` up and return the iteration count ``n`` for which one repeat
+    (``prepare(n)()``) lasts about ``min_time`` seconds."""
     # first calls: compilation, lazy allocation, caches; two, since the second may take a path
     # the first did not (a backward accumulating into the gradient the first one created, which
     # loads the compiled kernels: ~0.3 s that would otherwise land in the calibration)
@@ -51,9 +48,29 @@ def measure(prepare: Prepare, *, repeats: int, min_time: float, warmup: int = 1,
     if dt < min_time:  # calibration already warmed a case whose one call lasts >= min_time
         for _ in range(warmup):
             _timed(prepare(n), gc_off)
-    times = [_timed(prepare(n), gc_off) / n for _ in range(repeats)]
+    return n
+
+
+def repeat(prepare: Prepare, n: int, gc_off: bool = True) -> float:
+    """Seconds per iteration of one repeat of ``n`` iterations."""
+    return _timed(prepare(n), gc_off) / n
+
+
+def summary(times: list[float], n: int) -> dict:
+    """The statistics ``measure`` reports, from per-iteration repeat times."""
     return {"median_s": statistics.median(times), "min_s": min(times), "n": n,
             "repeats_s": times}
+
+
+def measure(prepare: Prepare, *, repeats: int, min_time: float, warmup: int = 1,
+            gc_off: bool = True, max_n: int = 1_000_000) -> dict:
+    """Median seconds per iteration of ``prepare(n)()`` over ``repeats`` repeats.
+
+    ``gc_off`` disables the cyclic garbage collector inside the timed region (as ``timeit``
+    does) for micro-benchmarks; training loops keep it on, since collection is part of the cost.
+    """
+    n = calibrate(prepare, min_time=min_time, warmup=warmup, gc_off=gc_off, max_n=max_n)
+    return summary([repeat(prepare, n, gc_off) for _ in range(repeats)], n)
 
 
 def loop(n: int, step: Callable[[], object]) -> Callable[[], None]:

@@ -4,6 +4,12 @@ Prints one JSON object on stdout (anything the code under test prints goes to st
 ``{"framework", "group", "info", "results": {case: {...}}, "errors": {case: message}}``.
 A framework that cannot be imported gives ``{"unavailable": reason}`` instead of results.
 FRAMEWORK ``info`` prints the machine description (see ``benchmarks.machine``).
+
+``--serve`` (benchmarks/paired.py) builds and calibrates every timed case, prints
+``{"ready": [case, ...]}``, then times one repeat per request line ``{"case": case}`` on stdin
+(answering ``{"s": seconds per iteration}``) until ``{"done": true}``, and prints the JSON object
+above with those repeats' statistics: the parent interleaves the repeats of several frameworks'
+processes, so that each framework's repeats see the same state of the machine.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import time
 import traceback
 
 from . import cases
-from .timing import Prepare, measure
+from .timing import Prepare, calibrate, measure, repeat, summary
 
 
 class Recorder:
@@ -57,7 +63,53 @@ class Recorder:
             self.fail(case, err)
 
 
-def run(framework: str, group: str, quick: bool | str) -> dict:
+class ServingRecorder(Recorder):
+    """A Recorder that builds and calibrates each timed case but times it only on request
+    (``--serve``): ``serve`` answers the parent's requests, one repeat each."""
+
+    def __init__(self, cfg: dict, warm_s: float = 0.0):
+        super().__init__(cfg)
+        self.cases: dict[str, tuple] = {}   # case -> (prepare, n, gc_off, meta, times)
+        self.warm_s = warm_s                # untimed iterations before each repeat, at least
+
+    def time(self, case: str, build, *args, train: bool = False, **meta) -> None:
+        try:
+            prepare: Prepare = build(*args)
+            n = calibrate(prepare, min_time=self.cfg["train_min_time" if train else "min_time"],
+                          gc_off=not train)
+        except Exception as err:  # noqa: BLE001
+            self.fail(case, err)
+            return
+        self.cases[case] = (prepare, n, not train, meta, [])
+
+    def serve(self, requests, answer) -> None:
+        """One repeat per request, until ``{"done": true}`` or the end of ``requests``."""
+        answer({"ready": list(self.cases)})
+        for line in requests:
+            request = json.loads(line)
+            if request.get("done"):
+                break
+            case = request["case"]
+            prepare, n, gc_off, _, times = self.cases[case]
+            try:
+                # untimed iterations first: the other processes ran since the last repeat
+                warm_until = time.perf_counter() + self.warm_s
+                repeat(prepare, 1, gc_off)
+                while time.perf_counter() < warm_until:
+                    repeat(prepare, 1, gc_off)
+                times.append(repeat(prepare, n, gc_off))
+            except Exception as err:  # noqa: BLE001
+                self.fail(case, err)
+                answer({"error": self.errors[case]})
+                continue
+            answer({"s": times[-1]})
+        for case, (_, n, _, meta, times) in self.cases.items():
+            if times and case not in self.errors:
+                self.results[case] = {**summary(times, n), **meta}
+
+
+def run(framework: str, group: str, quick: bool | str, serve=None) -> dict:
+    """``serve``: ``(requests, answer)`` for ``--serve`` (see the module's docstring)."""
     out: dict = {"framework": framework, "group": group}
     if framework == "info":
         from . import machine
@@ -76,11 +128,17 @@ def run(framework: str, group: str, quick: bool | str) -> dict:
         out["unavailable"] = f"group {group!r} is not written for {framework}"
         return out
     out["info"] = impl.info()
-    rec = Recorder(cases.config(quick))
+    cfg = cases.config(quick)
+    # an implementation with state that follows the machine's load (linearkit's BLAS-thread
+    # policy) says how long it needs, after the other processes' turns, to see the machine idle
+    rec = Recorder(cfg) if serve is None else \
+        ServingRecorder(cfg, 0.0 if quick == "smoke" else getattr(impl, "SERVE_WARM_S", 0.0))
     try:
         fn(rec)
     except Exception as err:  # noqa: BLE001 - e.g. a missing API: the whole group fails
         rec.fail("*", err)
+    if serve is not None:
+        rec.serve(*serve)
     out["results"], out["errors"] = rec.results, rec.errors
     out["wall_s"] = time.perf_counter() - start
     return out
@@ -92,10 +150,18 @@ def main(argv=None) -> int:
     parser.add_argument("group", nargs="?", default="info", choices=("info", *cases.GROUPS))
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--serve", action="store_true",
+                        help="time one repeat per request on stdin (benchmarks/paired.py)")
     args = parser.parse_args(argv)
-    stdout, sys.stdout = sys.stdout, sys.stderr  # keep stdout for the one JSON line
+    stdout, sys.stdout = sys.stdout, sys.stderr  # keep stdout for the JSON lines
+
+    def answer(message: dict) -> None:
+        stdout.write(json.dumps(message) + "\n")
+        stdout.flush()
+
+    serve = (sys.stdin, answer) if args.serve else None
     try:
-        out = run(args.framework, args.group, "smoke" if args.smoke else args.quick)
+        out = run(args.framework, args.group, "smoke" if args.smoke else args.quick, serve)
     finally:
         sys.stdout = stdout
     stdout.write(json.dumps(out) + "\n")

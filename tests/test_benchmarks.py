@@ -269,3 +269,65 @@ def test_a_page_rendered_from_merged_results_says_which_groups_came_later():
                                                               "--only", "e2e"], "date": "D"}]})
     assert "saved results" in text and "e2e group(s) from a later run" in text
     assert "`python -m benchmarks --only e2e` on D" in text
+
+
+def _paired_result(numpy_repeats, lk_repeats, paired=True):
+    def worker(fw, repeats):
+        out = {"results": {"c": {"median_s": sorted(repeats)[len(repeats) // 2],
+                                 "repeats_s": repeats}}}
+        if paired:
+            out["paired"] = ["numpy", "linearkit"]
+        return out
+    return {"meta": {}, "runs": {"clean": {"small": {
+        "numpy": worker("numpy", numpy_repeats), "linearkit": worker("linearkit", lk_repeats)}}}}
+
+
+def test_repeats_taken_in_turn_give_the_median_of_their_ratios():
+    # the machine slows down 3x over the run; linearkit is 1.1x NumPy's time at every moment
+    drift = [1.0, 1.5, 2.0, 2.5, 3.0]
+    lk = [1.1 * t for t in drift]
+    v = report.View(_paired_result(drift, lk))
+    assert v.ratio("small", ("linearkit", "c"), ("numpy", "c")) == pytest.approx(1.1)
+    assert report.round_ratios(v, "small", "c") == [pytest.approx(1 / 1.1)]
+    # the same numbers, not taken in turn: only the medians can be compared
+    v = report.View(_paired_result(drift, lk[::-1], paired=False))
+    assert v.ratio("small", ("linearkit", "c"), ("numpy", "c")) == pytest.approx(1.1)
+    # taken in turn, a repeat is compared with the other framework's repeat of the same moment
+    v = report.View(_paired_result(drift, [1.1, 1.65, 3.0, 2.75, 3.3]))
+    assert v.paired_ratios("small", ("linearkit", "c"), ("numpy", "c")) == \
+        [[pytest.approx(1.1), pytest.approx(1.1), pytest.approx(1.5), pytest.approx(1.1),
+          pytest.approx(1.1)]]
+    # a different case, or a framework not in the same interleaved run: no pairing
+    assert v.paired_ratios("small", ("linearkit", "c"), ("torch", "c")) == []
+
+
+def test_merged_rounds_keep_each_rounds_repeats_for_pairing():
+    ok = lambda reps: {"results": {"c": {"median_s": sorted(reps)[1], "repeats_s": reps}}}
+    merged = run.merge_rounds([ok([3.0, 2.0, 1.0]), ok([1.0, 1.0, 1.0])])
+    assert merged["results"]["c"]["round_repeats_s"] == [[3.0, 2.0, 1.0], [1.0, 1.0, 1.0]]
+
+
+def test_pair_keys_group_the_cases_that_targets_compare():
+    from benchmarks.paired import pair_key
+
+    assert pair_key("train:32") == pair_key("train-fused:32") == pair_key("gemms:32") == "32"
+    assert pair_key("fwd:256x1024->4096") != pair_key("fwd:1024x1024->4096")
+    assert pair_key("fwd") != pair_key("fwdbwd")
+
+
+def test_interleaved_children_time_their_repeats_in_turn():
+    """Two real --serve workers (smoke config); one that has no such group answers so."""
+    from benchmarks.paired import run_paired
+
+    outs = run_paired(["numpy"], "precision", ["--smoke"], ROOT, run.child_env(None, None),
+                      timeout=120, repeats=2)
+    assert "not written for numpy" in outs["numpy"]["unavailable"]
+    outs = run_paired(["numpy", "linearkit"], "small", ["--smoke"], ROOT,
+                      run.child_env(None, None), timeout=120, repeats=2)
+    for fw in ("numpy", "linearkit"):
+        assert outs[fw]["paired"] == ["numpy", "linearkit"], outs[fw]
+        for case in ("fwd", "fwdbwd"):
+            res = outs[fw]["results"][case]
+            # seconds per call of Linear(16, 16) on one row: microseconds, not a placeholder
+            assert len(res["repeats_s"]) == 2
+            assert all(0 < t < 0.01 for t in res["repeats_s"]), res
