@@ -49,7 +49,7 @@ BLAS_FRAMEWORKS = ("numpy", "linearkit")
 # Groups whose frameworks' repeats are taken in turn, one process each (benchmarks/paired.py):
 # every case of theirs is a ratio target, and a ratio of two medians taken minutes apart on this
 # machine measures its drift as much as the frameworks.
-PAIRED_GROUPS = ("large", "small", "batch1", "mlp")
+PAIRED_GROUPS = ("large", "small", "batch1", "mlp", "recipe")
 
 LARGE = [((256, 1024), 4096), ((1024, 1024), 4096), ((64, 128, 1024), 4096)]
 PRECISION = LARGE[:2]  # the shapes of issue 10's acceptance (16-bit storage vs float32)

@@ -16,7 +16,7 @@ import os
 import time
 
 from . import cases, data
-from .impl_numpy import readme_batch, recipe_stream, recipe_timing, recipe_variants
+from .impl_numpy import readme_batch, recipe_stream, recipe_variants
 from .timing import loop
 
 lk = None
@@ -214,11 +214,11 @@ def recipe(rec) -> None:
 
     recipe_variants(rec, once, lambda: lk.threads.num_threads(1))
     repeats = rec.cfg["recipe_repeats"]
-    rec.guarded("train-cli", recipe_timing, cli_path(x_all, y_all, steps), repeats, steps)
+    rec.runs("train-cli", cli_path(x_all, y_all, steps), repeats, steps)
     if rec.cfg.get("quick"):
         return
-    rec.guarded("train-thin", recipe_timing, without_compiled_chain(once), repeats, steps)
-    rec.guarded("train-flush", recipe_timing, flushing_denormals(once), repeats, steps)
+    rec.runs("train-thin", without_compiled_chain(once), repeats, steps)
+    rec.runs("train-flush", flushing_denormals(once), repeats, steps)
 
 
 def without_compiled_chain(once):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import time
 
 import numpy as np
@@ -302,27 +301,25 @@ def one_blas_thread():
 
 def recipe_variants(rec, once, one_thread=None) -> None:
     """The recipe as is, then with the BLAS limited to one thread by ``one_thread()`` (default
-    ``one_blas_thread``; skipped without threadpoolctl, and when the run already limits threads
-    with --threads 1)."""
+    ``one_blas_thread``: a context manager, entered around each run; skipped without
+    threadpoolctl, and when the run already limits threads with --threads 1)."""
     repeats, steps = rec.cfg["recipe_repeats"], rec.cfg["recipe_steps"]
-    rec.guarded("train", recipe_timing, once, repeats, steps)
+    rec.runs("train", once, repeats, steps)
     if rec.cfg.get("quick") or os.environ.get("OPENBLAS_NUM_THREADS") == "1":
         return
+    limit = one_thread or one_blas_thread
     try:
-        limit = (one_thread or one_blas_thread)()
+        with limit():
+            pass
     except ImportError as err:
         rec.fail("train-1thread", err)
         return
-    with limit:
-        rec.guarded("train-1thread", recipe_timing, once, repeats, steps)
 
+    def once_on_one_thread() -> float:
+        with limit():
+            return once()
 
-def recipe_timing(once, repeats: int, steps: int) -> dict:
-    """Median wall time of ``repeats`` complete runs of the recipe (model built untimed)."""
-    times = [once() for _ in range(repeats)]
-    med = statistics.median(times)
-    return {"median_s": med, "min_s": min(times), "repeats_s": times, "steps": steps,
-            "ms_per_step": 1e3 * med / steps}
+    rec.runs("train-1thread", once_on_one_thread, repeats, steps)
 
 
 # ----------------------------------------------------------------------------- busy machine

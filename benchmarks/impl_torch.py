@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 
 from . import cases, data
-from .impl_numpy import recipe_timing
 from .timing import loop
 
 torch = None
@@ -185,15 +184,19 @@ def recipe(rec) -> None:
                 step(x_all[idx], y_all[idx])
             return time.perf_counter() - start
 
-        rec.guarded(name, recipe_timing, once, rec.cfg["recipe_repeats"], steps)
+        rec.runs(name, once, rec.cfg["recipe_repeats"], steps)
     if rec.cfg.get("quick") or torch.get_num_threads() == 1:
         return
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        rec.guarded("train-1thread", recipe_timing, once, rec.cfg["recipe_repeats"], steps)
-    finally:
-        torch.set_num_threads(threads)
+
+    def once_on_one_thread() -> float:
+        torch.set_num_threads(1)
+        try:
+            return once()
+        finally:
+            torch.set_num_threads(threads)
+
+    rec.runs("train-1thread", once_on_one_thread, rec.cfg["recipe_repeats"], steps)
 
 
 def e2e(rec) -> None:

@@ -27,8 +27,9 @@ SETTLE_S = 0.2
 def pair_key(case: str) -> str:
     """Cases compared with each other share a key, and their repeats are taken together: the
     shape or batch after the kind (``train:32``, ``train-fused:32`` and ``gemms:32``;
-    ``fwd:256x1024->4096``); a case without one (``fwd``) is its own key."""
-    return case.split(":", 1)[-1]
+    ``fwd:256x1024->4096``); the cases without one share the key ``""`` (the small group's
+    ``fwd`` and ``fwdbwd``, the recipe's variants, all compared with one another)."""
+    return case.split(":", 1)[1] if ":" in case else ""
 
 
 class _Child:

@@ -291,7 +291,6 @@ def mlp_sections(v: View):
 
 def recipe_section(v: View):
     steps = v.meta.get("config", {}).get("recipe_steps", 6000)
-    lk_t = v.seconds("recipe", "linearkit", "train")
     rows = []
     for fw, case, label in (("linearkit", "train-cli", "linearkit.train.train (`linearkit train`)"),
                             ("linearkit", "train", "linearkit, documented step loop"),
@@ -314,7 +313,7 @@ def recipe_section(v: View):
         t = None if res is None else res["median_s"]
         est = None if t is None else t * 6000 / steps
         rows.append([label, num(t, 2), num(div(t, steps) and 1e3 * t / steps, 3),
-                     num(est, 2), ratio(div(t, lk_t))])
+                     num(est, 2), ratio(v.ratio("recipe", (fw, case), ("linearkit", "train")))])
     return _section(
         f"5. The `linearkit train` recipe: {steps:,} steps of batch 100 "
         "(40-100-res(100)-10, Adam lr 1e-2)",
@@ -676,18 +675,16 @@ def own_gemms(v: View, batch: int):
 
 
 def recipe_targets(v: View, add) -> None:
-    pt, jx = v.seconds("recipe", "torch", "train"), v.seconds("recipe", "jax", "train")
     w = v.worker("recipe", "linearkit") or {}
     for case, label, issue in (("train-cli", "`linearkit train` recipe", "3, 11"),
                                ("train", "the documented step loop, same recipe", "11")):
         if case == "train-cli" and case not in w.get("results", {}) \
                 and case not in w.get("errors", {}):
             continue
-        t = v.seconds("recipe", "linearkit", case)
-        r = div(pt, t)
+        r = v.ratio("recipe", ("torch", "train"), ("linearkit", case))
         add(issue, f"{label}: per step ≥ {cases.RECIPE_VS_TORCH:g}× PyTorch eager", ratio(r),
             at_least(r, cases.RECIPE_VS_TORCH))
-        r = div(jx, t)
+        r = v.ratio("recipe", ("jax", "train"), ("linearkit", case))
         add("11", f"{label}: per step ≥ {cases.RECIPE_VS_JAX:g}× JAX jit", ratio(r),
             at_least(r, cases.RECIPE_VS_JAX))
 

@@ -62,6 +62,13 @@ def summary(times: list[float], n: int) -> dict:
             "repeats_s": times}
 
 
+def run_stats(times: list[float], steps: int) -> dict:
+    """Statistics of whole runs of ``steps`` training steps (seconds per run)."""
+    med = statistics.median(times)
+    return {"median_s": med, "min_s": min(times), "repeats_s": times, "steps": steps,
+            "ms_per_step": 1e3 * med / steps}
+
+
 def measure(prepare: Prepare, *, repeats: int, min_time: float, warmup: int = 1,
             gc_off: bool = True, max_n: int = 1_000_000) -> dict:
     """Median seconds per iteration of ``prepare(n)()`` over ``repeats`` repeats.

@@ -22,7 +22,7 @@ import time
 import traceback
 
 from . import cases
-from .timing import Prepare, calibrate, measure, repeat, summary
+from .timing import Prepare, calibrate, measure, repeat, run_stats, summary
 
 
 class Recorder:
@@ -48,6 +48,11 @@ class Recorder:
             return
         self.results[case] = {**stats, **meta}
 
+    def runs(self, case: str, once, repeats: int, steps: int) -> None:
+        """Time ``repeats`` whole runs: ``once() -> seconds`` (e.g. the recipe's 6,000 steps,
+        the model built untimed inside it)."""
+        self.guarded(case, lambda: run_stats([once() for _ in range(repeats)], steps))
+
     def put(self, case: str, value: dict) -> None:
         self.results[case] = value
 
@@ -70,6 +75,7 @@ class ServingRecorder(Recorder):
     def __init__(self, cfg: dict, warm_s: float = 0.0):
         super().__init__(cfg)
         self.cases: dict[str, tuple] = {}   # case -> (prepare, n, gc_off, meta, times)
+        self.whole: dict[str, tuple] = {}   # case -> (once, steps, times): whole runs
         self.warm_s = warm_s                # untimed iterations before each repeat, at least
 
     def time(self, case: str, build, *args, train: bool = False, **meta) -> None:
@@ -82,14 +88,27 @@ class ServingRecorder(Recorder):
             return
         self.cases[case] = (prepare, n, not train, meta, [])
 
+    def runs(self, case: str, once, repeats: int, steps: int) -> None:
+        self.whole[case] = (once, steps, [])
+
     def serve(self, requests, answer) -> None:
         """One repeat per request, until ``{"done": true}`` or the end of ``requests``."""
-        answer({"ready": list(self.cases)})
+        answer({"ready": [*self.cases, *self.whole]})
         for line in requests:
             request = json.loads(line)
             if request.get("done"):
                 break
             case = request["case"]
+            if case in self.whole:
+                once, _, times = self.whole[case]
+                try:
+                    times.append(once())
+                except Exception as err:  # noqa: BLE001
+                    self.fail(case, err)
+                    answer({"error": self.errors[case]})
+                    continue
+                answer({"s": times[-1]})
+                continue
             prepare, n, gc_off, _, times = self.cases[case]
             try:
                 # untimed iterations first: the other processes ran since the last repeat
@@ -106,6 +125,9 @@ class ServingRecorder(Recorder):
         for case, (_, n, _, meta, times) in self.cases.items():
             if times and case not in self.errors:
                 self.results[case] = {**summary(times, n), **meta}
+        for case, (_, steps, times) in self.whole.items():
+            if times and case not in self.errors:
+                self.results[case] = run_stats(times, steps)
 
 
 def run(framework: str, group: str, quick: bool | str, serve=None) -> dict:
