@@ -20,11 +20,14 @@ from .impl_numpy import readme_batch, recipe_stream, recipe_variants
 from .timing import loop
 
 lk = None
-# --serve (benchmarks/paired.py): before each repeat, run the case this long untimed. The other
-# frameworks' turns look like load from other processes to the BLAS-thread policy, which backs
-# off to one thread and comes back after UP_SAMPLES calm samples SAMPLE_S apart (0.46 s
-# measured, benchmarks/busy.py); a repeat should see it as it is on an idle machine.
+# --serve (benchmarks/paired.py): before each repeat, run the case untimed for this long and this
+# many calls at least. The other frameworks' turns look like load from other processes to the
+# BLAS-thread policy, which backs off to one thread at its next look and comes back after
+# UP_SAMPLES calm looks SAMPLE_S apart (0.46 s measured, benchmarks/busy.py), one look per
+# GEMM at most: a case of one 0.3 s GEMM needs 3 calls. A repeat should see the policy as it is
+# on an idle machine (the large group's 8192-row forward measured 49% of NumPy without this).
 SERVE_WARM_S = 0.7
+SERVE_WARM_CALLS = 3      # linearkit.threads.UP_SAMPLES + 1
 
 
 def check() -> None:

@@ -43,7 +43,6 @@ class _Child:
         self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.stderr)
         self.buffer = b""
-        self.failed: str | None = None
 
     def send(self, message: dict) -> None:
         self.proc.stdin.write((json.dumps(message) + "\n").encode())

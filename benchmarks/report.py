@@ -891,8 +891,10 @@ def render_markdown(results: dict) -> str:
          "benchmarks/paired.py): every framework's process builds and calibrates its cases "
          "alone, then waits while the parent asks each in turn for one repeat of the cases it "
          "compares (same shape or batch), 0.2 s apart so that the last one's BLAS threads stop "
-         "spinning; linearkit runs its case untimed for 0.7 s before each repeat, so that its "
-         "BLAS-thread policy sees the machine idle again after the others' turns. A ratio in "
+         "spinning; linearkit runs its case untimed for 0.7 s and 3 calls at least before each "
+         "repeat, so that its BLAS-thread policy sees the machine idle again after the others' "
+         f"turns (the recipe's whole runs: {cfg.get('recipe_repeats', '?')} per round, no "
+         "warm-up). A ratio in "
          "these groups is the median of the ratios of repeats taken together (seconds apart), "
          "not of two medians taken minutes apart: this machine's speed drifts by up to 1.5× "
          "over minutes."),

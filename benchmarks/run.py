@@ -59,6 +59,12 @@ def child_flags(quick: bool | str) -> list[str]:
     return {"smoke": ["--smoke"], True: ["--quick"]}.get(quick, [])
 
 
+def paired_repeats(group: str, quick: bool | str) -> int:
+    """Repeats per case when ``group`` is taken in turn: the recipe's are whole runs."""
+    cfg = cases.config(quick)
+    return cfg["recipe_repeats"] if group == "recipe" else cfg["repeats"]
+
+
 def _errors_note(outs) -> str:
     errors = sum(len(o.get("errors", {})) + ("failed" in o) for o in outs)
     return f"  ({errors} error(s))" if errors else ""
@@ -232,8 +238,7 @@ def measure_all(args) -> dict:
                           end="", file=sys.stderr, flush=True)
                     started_group = time.perf_counter()
                     paired = run_paired(order, group, child_flags(quick), ROOT, env,
-                                        args.timeout * len(order),
-                                        cases.config(quick)["repeats"])
+                                        args.timeout * len(order), paired_repeats(group, quick))
                     print(f" {time.perf_counter() - started_group:6.1f} s"
                           f"{_errors_note(paired.values())}", file=sys.stderr)
                     for fw in order:

@@ -72,11 +72,12 @@ class ServingRecorder(Recorder):
     """A Recorder that builds and calibrates each timed case but times it only on request
     (``--serve``): ``serve`` answers the parent's requests, one repeat each."""
 
-    def __init__(self, cfg: dict, warm_s: float = 0.0):
+    def __init__(self, cfg: dict, warm_s: float = 0.0, warm_calls: int = 1):
         super().__init__(cfg)
         self.cases: dict[str, tuple] = {}   # case -> (prepare, n, gc_off, meta, times)
         self.whole: dict[str, tuple] = {}   # case -> (once, steps, times): whole runs
-        self.warm_s = warm_s                # untimed iterations before each repeat, at least
+        # untimed iterations before each repeat: at least warm_calls, for warm_s seconds at least
+        self.warm_s, self.warm_calls = warm_s, warm_calls
 
     def time(self, case: str, build, *args, train: bool = False, **meta) -> None:
         try:
@@ -91,6 +92,21 @@ class ServingRecorder(Recorder):
     def runs(self, case: str, once, repeats: int, steps: int) -> None:
         self.whole[case] = (once, steps, [])
 
+    def _one_repeat(self, case: str) -> float:
+        """Time one repeat of ``case`` (one whole run of a ``runs`` case) and keep it."""
+        if case in self.whole:
+            once, _, times = self.whole[case]
+            times.append(once())
+            return times[-1]
+        prepare, n, gc_off, _, times = self.cases[case]
+        # untimed iterations first: the other processes ran since the last repeat
+        warm_until, calls = time.perf_counter() + self.warm_s, 0
+        while calls < self.warm_calls or time.perf_counter() < warm_until:
+            repeat(prepare, 1, gc_off)
+            calls += 1
+        times.append(repeat(prepare, n, gc_off))
+        return times[-1]
+
     def serve(self, requests, answer) -> None:
         """One repeat per request, until ``{"done": true}`` or the end of ``requests``."""
         answer({"ready": [*self.cases, *self.whole]})
@@ -99,29 +115,11 @@ class ServingRecorder(Recorder):
             if request.get("done"):
                 break
             case = request["case"]
-            if case in self.whole:
-                once, _, times = self.whole[case]
-                try:
-                    times.append(once())
-                except Exception as err:  # noqa: BLE001
-                    self.fail(case, err)
-                    answer({"error": self.errors[case]})
-                    continue
-                answer({"s": times[-1]})
-                continue
-            prepare, n, gc_off, _, times = self.cases[case]
             try:
-                # untimed iterations first: the other processes ran since the last repeat
-                warm_until = time.perf_counter() + self.warm_s
-                repeat(prepare, 1, gc_off)
-                while time.perf_counter() < warm_until:
-                    repeat(prepare, 1, gc_off)
-                times.append(repeat(prepare, n, gc_off))
+                answer({"s": self._one_repeat(case)})
             except Exception as err:  # noqa: BLE001
                 self.fail(case, err)
                 answer({"error": self.errors[case]})
-                continue
-            answer({"s": times[-1]})
         for case, (_, n, _, meta, times) in self.cases.items():
             if times and case not in self.errors:
                 self.results[case] = {**summary(times, n), **meta}
@@ -153,8 +151,10 @@ def run(framework: str, group: str, quick: bool | str, serve=None) -> dict:
     cfg = cases.config(quick)
     # an implementation with state that follows the machine's load (linearkit's BLAS-thread
     # policy) says how long it needs, after the other processes' turns, to see the machine idle
-    rec = Recorder(cfg) if serve is None else \
-        ServingRecorder(cfg, 0.0 if quick == "smoke" else getattr(impl, "SERVE_WARM_S", 0.0))
+    smoke = quick == "smoke"
+    rec = Recorder(cfg) if serve is None else ServingRecorder(
+        cfg, 0.0 if smoke else getattr(impl, "SERVE_WARM_S", 0.0),
+        1 if smoke else getattr(impl, "SERVE_WARM_CALLS", 1))
     try:
         fn(rec)
     except Exception as err:  # noqa: BLE001 - e.g. a missing API: the whole group fails
