@@ -297,7 +297,7 @@ def test_repeats_taken_in_turn_give_the_median_of_their_ratios():
     assert v.paired_ratios("small", ("linearkit", "c"), ("numpy", "c")) == \
         [[pytest.approx(1.1), pytest.approx(1.1), pytest.approx(1.5), pytest.approx(1.1),
           pytest.approx(1.1)]]
-    # a different case, or a framework not in the same interleaved run: no pairing
+    # a framework that was not in the same interleaved run: no pairing
     assert v.paired_ratios("small", ("linearkit", "c"), ("torch", "c")) == []
 
 
