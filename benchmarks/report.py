@@ -658,20 +658,22 @@ def mlp_targets(v: View, add) -> None:
     add("3", "MLP inference b256 ≥ JAX jit", ratio(r), at_least(r, 1.0))
 
 
-def step_over_gemms(v: View, batch: int) -> float | None:
-    """linearkit's MLP step over its own 8 GEMMs (NumPy's when linearkit's were not measured)."""
+def _gemms_framework(v: View, batch: int) -> str:
+    """Whose 8 GEMMs the step is compared with: linearkit's own (its functions and thread
+    policy), or bare NumPy's (default BLAS threads) when linearkit's were not measured."""
     w = v.worker("mlp", "linearkit") or {}
-    fw = "linearkit" if f"gemms:{batch}" in w.get("results", {}) else "numpy"
-    return v.ratio("mlp", ("linearkit", f"train:{batch}"), (fw, f"gemms:{batch}"))
+    return "linearkit" if f"gemms:{batch}" in w.get("results", {}) else "numpy"
+
+
+def step_over_gemms(v: View, batch: int) -> float | None:
+    """linearkit's MLP step over its own 8 GEMMs (``_gemms_framework``)."""
+    return v.ratio("mlp", ("linearkit", f"train:{batch}"),
+                   (_gemms_framework(v, batch), f"gemms:{batch}"))
 
 
 def own_gemms(v: View, batch: int):
-    """Seconds of the MLP step's 8 GEMMs alone, as linearkit runs them (its functions and
-    thread policy); bare NumPy's (default BLAS threads) when linearkit's were not measured."""
-    w = v.worker("mlp", "linearkit") or {}
-    if f"gemms:{batch}" in w.get("results", {}):
-        return v.seconds("mlp", "linearkit", f"gemms:{batch}")
-    return v.seconds("mlp", "numpy", f"gemms:{batch}")
+    """Seconds of the MLP step's 8 GEMMs alone (``_gemms_framework``)."""
+    return v.seconds("mlp", _gemms_framework(v, batch), f"gemms:{batch}")
 
 
 def recipe_targets(v: View, add) -> None:
