@@ -56,7 +56,8 @@ def kernels():
     """The kernels (numba imported on the first call), or None: ``adam_flat``, ``sgd_momentum``
     (optim), ``bias_relu_``, ``relu_``, ``relu_backward_into`` (layers/fused.py), ``outer_add_``
     (one-row dW), ``softmax_ce_forward``/``_backward`` (CrossEntropyLoss), ``chain`` (a
-    Sequential of Linear/ReLU/Residual as two calls: layers/compiled.py)."""
+    Sequential of Linear/ReLU/Residual as two calls: layers/compiled.py), ``train_step`` and
+    ``adam_settings`` (a whole ``loop.step`` as one call: linearkit/compiled_step.py)."""
     global _loaded
     if not enabled():
         return None
@@ -68,6 +69,7 @@ def kernels():
                 elementwise_kernel,
                 sgd_kernel,
                 softmax_ce_kernel,
+                step_kernel,
             )
         except ImportError:      # numba absent or broken: the NumPy path, for good
             _loaded = False
@@ -79,7 +81,8 @@ def kernels():
                 outer_add_=elementwise_kernel.outer_add_,
                 softmax_ce_forward=softmax_ce_kernel.softmax_ce_forward,
                 softmax_ce_backward=softmax_ce_kernel.softmax_ce_backward,
-                chain=chain_kernel)
+                chain=chain_kernel, adam_settings=adam_kernel.adam_settings,
+                train_step=step_kernel.train_step)
     return _loaded or None
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["adam_flat"]
+__all__ = ["adam_flat", "adam_settings"]
 
 _JIT = {"cache": True, "error_model": "numpy", "fastmath": False, "nogil": True}
 
@@ -69,20 +69,11 @@ def _array(p):
     return p if isinstance(p, np.ndarray) else p.data
 
 
-def adam_flat(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *, step, lr, beta1, beta2,
-              eps, weight_decay=0.0, maximize=False, decoupled_weight_decay=False, scratch=None,
-              zero_grads=False):
-    """``adam_step`` on each ``(param, grad, m, v[, v_max])``, one pass each.
-
-    ``params`` holds arrays or Parameters (their ``.data`` is stepped, read at call time).
-    The arrays of one parameter share its shape and are C-contiguous; all share one dtype (float32 or float64); ``max_exp_avg_sqs`` is None without AMSGrad.
-    The hyperparameters are Python floats, rounded here to the dtype exactly as NumPy rounds them.
-    ``scratch`` (a dict the caller keeps) holds the two small arrays that carry them into the
-    kernel, so that a step allocates nothing. ``zero_grads``: each gradient is set to 0 in the
-    same pass, after it is read (``zero_grad(set_to_none=False)`` without its own pass).
-    """
-    dtype = _array(params[0]).dtype
-    scratch = {} if scratch is None else scratch
+def adam_settings(scratch, dtype, *, step, lr, beta1, beta2, eps, weight_decay=0.0,
+                  maximize=False, decoupled_weight_decay=False, amsgrad=False, zero_grads=False):
+    """``(flags, scalars)``: the small arrays that carry one step's hyperparameters into ``_adam``
+    (kept in ``scratch``, a dict the caller keeps, so that a step allocates nothing). The Python
+    floats are rounded to ``dtype`` by assignment, as NumPy rounds them (NEP 50)."""
     bufs = scratch.get(dtype)
     if bufs is None:
         bufs = scratch[dtype] = (np.zeros(5, np.bool_), np.zeros(7, dtype))
@@ -92,16 +83,34 @@ def adam_flat(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *, step, lr
     weight = 1.0 - beta1
     lerp_small = weight < 0.5
     decay = weight_decay != 0 and decoupled_weight_decay
-    amsgrad = max_exp_avg_sqs is not None
     flags[0], flags[1] = amsgrad, bool(maximize)
     flags[2], flags[3] = weight_decay != 0 and not decoupled_weight_decay, decay
     flags[4] = bool(zero_grads)
-    # each Python float rounded to the dtype by assignment, as NumPy rounds it (NEP 50)
     scalars[0] = 1.0 - lr * weight_decay if decay else weight_decay
     scalars[1] = weight if lerp_small else weight - 1.0
     scalars[2], scalars[3] = beta2, 1.0 - beta2
     scalars[4] = (1.0 - beta2 ** step) ** 0.5
     scalars[5], scalars[6] = eps, -(lr / (1.0 - beta1 ** step))
+    return flags, scalars
+
+
+def adam_flat(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *, step, lr, beta1, beta2,
+              eps, weight_decay=0.0, maximize=False, decoupled_weight_decay=False, scratch=None,
+              zero_grads=False):
+    """``adam_step`` on each ``(param, grad, m, v[, v_max])``, one pass each.
+
+    ``params`` holds arrays or Parameters (their ``.data`` is stepped, read at call time).
+    The arrays of one parameter share its shape and are C-contiguous; all share one dtype (float32 or float64); ``max_exp_avg_sqs`` is None without AMSGrad.
+    The hyperparameters are Python floats, rounded here to the dtype exactly as NumPy rounds them.
+    ``scratch`` (a dict the caller keeps): see ``adam_settings``. ``zero_grads``: each gradient
+    is set to 0 in the same pass, after it is read (``zero_grad(set_to_none=False)`` without its
+    own pass).
+    """
+    amsgrad = max_exp_avg_sqs is not None
+    flags, scalars = adam_settings(
+        {} if scratch is None else scratch, _array(params[0]).dtype, step=step, lr=lr,
+        beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, maximize=maximize,
+        decoupled_weight_decay=decoupled_weight_decay, amsgrad=amsgrad, zero_grads=zero_grads)
     for i, p in enumerate(params):
         p = _array(p)
         vmax = max_exp_avg_sqs[i] if amsgrad else p    # unread without AMSGrad
