@@ -220,19 +220,35 @@ def recipe(rec) -> None:
     rec.runs("train-cli", cli_path(x_all, y_all, steps), repeats, steps)
     if rec.cfg.get("quick"):
         return
+    rec.runs("train-parts", step_in_parts(once), repeats, steps)
     rec.runs("train-thin", without_compiled_chain(once), repeats, steps)
     rec.runs("train-flush", flushing_denormals(once), repeats, steps)
 
 
+def step_in_parts(once):
+    """``once`` with the one-call compiled step off (linearkit/compiled_step.py): the chain, the
+    fused loss and Adam's flat kernel called one by one."""
+    from linearkit import compiled_step
+
+    def run() -> float:
+        compiled_step.enabled = False
+        try:
+            return once()
+        finally:
+            compiled_step.enabled = True
+    return run
+
+
 def without_compiled_chain(once):
-    """``once`` with Sequential's compiled chain off (the thin path: layers/fused.py)."""
+    """``once`` with the compiled step and Sequential's compiled chain off (the thin path:
+    layers/fused.py)."""
     from linearkit.layers import compiled
 
     def run() -> float:
         real = compiled.chain_vjp
         compiled.chain_vjp = lambda *args: None
         try:
-            return once()
+            return step_in_parts(once)()
         finally:
             compiled.chain_vjp = real
     return run

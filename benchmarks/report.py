@@ -294,6 +294,8 @@ def recipe_section(v: View):
     rows = []
     for fw, case, label in (("linearkit", "train-cli", "linearkit.train.train (`linearkit train`)"),
                             ("linearkit", "train", "linearkit, documented step loop"),
+                            ("linearkit", "train-parts",
+                             "linearkit, step loop, the step's kernels called one by one"),
                             ("linearkit", "train-thin",
                              "linearkit, step loop without the compiled chain (thin path)"),
                             ("linearkit", "train-flush",
@@ -305,7 +307,8 @@ def recipe_section(v: View):
                             ("linearkit", "train-1thread", "linearkit, BLAS on 1 thread"),
                             ("numpy", "train-1thread", "hand-written NumPy, BLAS on 1 thread"),
                             ("torch", "train-1thread", "PyTorch eager, torch.set_num_threads(1)")):
-        optional = case in ("train-1thread", "train-cli", "train-thin", "train-flush")
+        optional = case in ("train-1thread", "train-cli", "train-parts", "train-thin",
+                            "train-flush")
         w = v.worker("recipe", fw) or {}
         if optional and case not in w.get("results", {}) and case not in w.get("errors", {}):
             continue
@@ -324,6 +327,9 @@ def recipe_section(v: View):
         f"{v.meta.get('config', {}).get('recipe_repeats', 3)} runs. `linearkit.train.train` is "
         "the command's own loop (its DataLoader, its BLAS-thread choice, evaluation off), timed "
         "by itself; the other rows are the documented step on pre-drawn index batches. "
+        "linearkit's step runs as one compiled call (fast.md, \"The whole step in one call\"); "
+        "*called one by one* turns that off (the compiled chain, the fused loss and Adam's "
+        "kernel, each called from Python); the thin path turns the compiled chain off too. "
         "`set_flush_denormal(True)` treats subnormal floats as zero (as JAX's CPU backend does "
         "by default); the default keeps them, as PyTorch does; `linearkit train` flushes them "
         "(fast.md, \"Subnormal floats\").")

@@ -45,8 +45,8 @@ class _StepPlan:
     """The arrays the step kernel takes besides the chain's, for one chain plan and one flat
     Adam state (kept on the optimizer while both are the same objects)."""
 
-    __slots__ = ("bias_grads", "bounds", "chain", "data", "flat", "params", "slots",
-                 "weight_grads")
+    __slots__ = ("bias_grads", "bounds", "chain", "data", "flat", "modes", "params", "scratch",
+                 "slots", "weight_grads")
 
     def __init__(self, chain, flat, params, data, bounds, weight_grads, bias_grads, slots):
         self.chain, self.flat, self.params = chain, flat, params
@@ -54,6 +54,23 @@ class _StepPlan:
         self.bounds = bounds                # (n + 1,) int64: its slice of the flat arrays
         self.weight_grads, self.bias_grads = weight_grads, bias_grads   # per chain layer
         self.slots = slots                  # (layer, 0 weight | 1 bias) per parameter
+        self.modes = np.zeros((len(chain.units), 2), np.int64)   # the backward's grad_modes
+        self.scratch = {}                   # rows -> the kernel's scratch arrays (never read
+        #                                     after a step: nothing of it is returned)
+
+    def scratch_for(self, rows: int, dtype) -> tuple:
+        """``(ws, out, exps, row_sum, target_gap)`` for a batch of ``rows``, reused."""
+        arrays = self.scratch.get(rows)
+        if arrays is None:
+            chain = self.chain
+            out = np.empty((rows, chain.weights[-1].shape[0]), dtype)
+            row_sum, target_gap = np.empty((2, rows))
+            arrays = (np.empty(rows * chain.ws_per_row, dtype), out, np.empty_like(out),
+                      row_sum, target_gap)
+            if len(self.scratch) >= 4:       # batch sizes seen: a few (the last is smaller)
+                self.scratch.clear()
+            self.scratch[rows] = arrays
+        return arrays
 
 
 def run(model, loss_fn, optimizer, x, y, set_to_none: bool) -> float | None:
@@ -107,11 +124,11 @@ def run(model, loss_fn, optimizer, x, y, set_to_none: bool) -> float | None:
     kernels = fast.kernels()
     if kernels is None or _blas.functions(x.dtype) is None:
         return None
-    return _run(kernels, kept, optimizer, group, x, y, rows, classes, loss_fn, modes, step + 1,
+    return _run(kernels, kept, optimizer, group, x, y, rows, loss_fn, modes, step + 1,
                 set_to_none)
 
 
-def _run(kernels, kept, optimizer, group, x, y, rows, classes, loss_fn, modes, t, set_to_none):
+def _run(kernels, kept, optimizer, group, x, y, rows, loss_fn, modes, t, set_to_none):
     chain, flat, params = kept.chain, kept.flat, kept.params
     dtype = x.dtype
     targets = y.astype(np.intp, copy=False)
@@ -130,14 +147,11 @@ def _run(kernels, kept, optimizer, group, x, y, rows, classes, loss_fn, modes, t
     if macs >= _threads.switch_macs:
         _threads.before_gemm(macs)
     mean = loss_fn.reduction == "mean"
-    out = np.empty((rows, classes), dtype)
-    exps = np.empty_like(out)
-    row_sum, target_gap = np.empty((2, rows))
+    ws, out, exps, row_sum, target_gap = kept.scratch_for(rows, dtype)
     try:
         total = kernels.train_step(
             dtype.type(1), dtype.type(0), x, chain.weights, chain.biases, chain.flags_for(rows),
-            np.empty(rows * chain.ws_per_row, dtype), out, targets, int(loss_fn.ignore_index),
-            exps, row_sum, target_gap, 1.0 / rows if mean else 1.0, kept.weight_grads,
+            ws, out, targets, int(loss_fn.ignore_index), exps, row_sum, target_gap, 1.0 / rows if mean else 1.0, kept.weight_grads,
             kept.bias_grads, modes, F._ones_vector(rows, dtype), kept.data, grads,
             arrays["exp_avg"], arrays["exp_avg_sq"], vmax, kept.bounds, adam_flags,
             adam_scalars)
@@ -198,7 +212,7 @@ def _grad_modes(kept: _StepPlan) -> np.ndarray | None:
     """``grad_modes`` for the backward kernel (1 overwrite, 2 add into the gradient), or None
     unless the gradients are all None (written into the flat buffer) or all its own views."""
     params, views = kept.params, kept.flat.grad_views
-    modes = np.zeros((len(kept.chain.units), 2), np.int64)
+    modes = kept.modes
     first = params[0].grad
     if first is None:
         for p in params:
