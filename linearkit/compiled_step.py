@@ -58,6 +58,12 @@ class _StepPlan:
         self.scratch = {}                   # rows -> the kernel's scratch arrays (never read
         #                                     after a step: nothing of it is returned)
 
+    def __deepcopy__(self, memo):
+        # a copy's reshaped views would be arrays of their own, no longer the parameters'
+        # (its FlatState is not found either: Optimizer._flat is keyed by the group's id), so
+        # a copied optimizer plans again
+        return None
+
     def scratch_for(self, rows: int, dtype) -> tuple:
         """``(ws, out, exps, row_sum, target_gap)`` for a batch of ``rows``, reused."""
         arrays = self.scratch.get(rows)

@@ -275,3 +275,26 @@ def test_lk_fast_zero_turns_it_off(monkeypatch):
     for x, y in _batches(np.float32, n=3):
         assert compiled_step.run(model, pair[4], opt, x, y, False) is None
         step(model, pair[4], opt, x, y)
+
+
+def test_deep_copied_model_and_optimizer_train_on_their_own(monkeypatch):
+    """``copy.deepcopy((model, opt))`` mid-training: the copy's steps update the copy's
+    parameters (a kept plan's views would be arrays of their own in the copy) and match the
+    original's, step for step; the original is untouched by them."""
+    model, opt, *_ = _pair("recipe", np.float32, OPTIMIZERS["adam"])
+    loss_fn = lk.CrossEntropyLoss()
+    batches = _batches(np.float32, n=8)
+    for x, y in batches[:3]:
+        step(model, loss_fn, opt, x, y)
+    twin, twin_opt = copy.deepcopy((model, opt))
+    before = [p.data.copy() for p in model.parameters()]
+    count = _Count(monkeypatch)
+    for x, y in batches[3:]:
+        step(twin, loss_fn, twin_opt, x, y)
+    assert count.calls >= 3
+    assert all((p.data == b).all() for p, b in zip(model.parameters(), before))
+    with monkeypatch.context() as m:
+        m.setattr(compiled_step, "enabled", False)
+        for x, y in batches[3:]:
+            step(model, loss_fn, opt, x, y)
+    _same_state(model, opt, twin, twin_opt)
