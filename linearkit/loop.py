@@ -26,7 +26,10 @@ def step(model, loss_fn, optimizer, x, y, *, set_to_none: bool = False) -> float
         optimizer.step(); optimizer.zero_grad(set_to_none=set_to_none)
 
     (the last line as ``optimizer.step_and_zero_grad(set_to_none)`` when the optimizer has it:
-    the same result, with Adam's compiled step zeroing the gradients in its own pass).
+    the same result, with Adam's compiled step zeroing the gradients in its own pass). When each
+    part would run its compiled kernel anyway (a ``Sequential`` of Linear/ReLU/Residual,
+    ``CrossEntropyLoss``, ``Adam``/``AdamW``; linearkit/compiled_step.py says exactly when), the
+    four lines run as one compiled call: the same bits, every state left as they leave it.
     The model's train/eval mode is left as the caller set it (call ``model.train()`` first for
     Dropout and BatchNorm to behave as in training).
 
