@@ -3,8 +3,9 @@
 The step is ``model.vjp`` -> ``CrossEntropyLoss.vjp`` -> backward -> ``Adam.step_and_zero_grad``.
 When each part would run its compiled kernel anyway (the model a chain ``layers/compiled.py``
 takes, the loss its fused case, Adam its flat one-pass step), ``fast/step_kernel.py`` runs the
-four kernels in one call, on the arrays they would get: the same bits, ~120 us less Python per
-step on the recipe here (tests/test_compiled_step.py compares every state after every step).
+four kernels in one call, on the arrays they would get: the same bits, ~50 us less Python per
+step on the recipe here, 189 -> 139 us (docs/fast.md; tests/test_compiled_step.py compares
+every state after every step).
 
 Anything else returns None before touching anything, and ``loop.step`` runs the parts one by
 one: a model with hooks or not a plain ``Sequential``, ``detect_anomaly``, a precision policy,
@@ -83,8 +84,9 @@ def run(model, loss_fn, optimizer, x, y, set_to_none: bool) -> float | None:
     """``loop.step(model, loss_fn, optimizer, x, y, set_to_none=...)`` in one compiled call:
     the loss (a float), every state as the step's parts leave it; or None, nothing touched,
     when the step is not one the kernel runs (the module docstring says which)."""
-    if (not enabled or type(model) is not Sequential or model._hooks or type(loss_fn) is not CrossEntropyLoss
-            or loss_fn._hooks or type(optimizer) not in _OPTIMIZERS
+    if (not enabled or type(model) is not Sequential or model._hooks
+            or type(loss_fn) is not CrossEntropyLoss or loss_fn._hooks
+            or type(optimizer) not in _OPTIMIZERS
             or len(optimizer.param_groups) != 1 or not _fused.thin_path() or is_tracing()):
         return None
     if not (type(x) is np.ndarray and x.ndim == 2 and x.shape[0] >= 2 and _compiled._plain(x)
@@ -157,10 +159,10 @@ def _run(kernels, kept, optimizer, group, x, y, rows, loss_fn, modes, t, set_to_
     try:
         total = kernels.train_step(
             dtype.type(1), dtype.type(0), x, chain.weights, chain.biases, chain.flags_for(rows),
-            ws, out, targets, int(loss_fn.ignore_index), exps, row_sum, target_gap, 1.0 / rows if mean else 1.0, kept.weight_grads,
-            kept.bias_grads, modes, F._ones_vector(rows, dtype), kept.data, grads,
-            arrays["exp_avg"], arrays["exp_avg_sq"], vmax, kept.bounds, adam_flags,
-            adam_scalars)
+            ws, out, targets, int(loss_fn.ignore_index), exps, row_sum, target_gap,
+            1.0 / rows if mean else 1.0, kept.weight_grads, kept.bias_grads, modes,
+            F._ones_vector(rows, dtype), kept.data, grads, arrays["exp_avg"],
+            arrays["exp_avg_sq"], vmax, kept.bounds, adam_flags, adam_scalars)
     except Exception as err:       # numba could not type these arrays: the parts, for good
         if not type(err).__module__.startswith("numba"):
             raise
@@ -233,4 +235,3 @@ def _grad_modes(kept: _StepPlan) -> np.ndarray | None:
             return None
         modes[layer, column] = 1 if p._zeroed is grad else 2
     return modes
-

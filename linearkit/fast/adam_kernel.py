@@ -100,7 +100,8 @@ def adam_flat(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *, step, lr
     """``adam_step`` on each ``(param, grad, m, v[, v_max])``, one pass each.
 
     ``params`` holds arrays or Parameters (their ``.data`` is stepped, read at call time).
-    The arrays of one parameter share its shape and are C-contiguous; all share one dtype (float32 or float64); ``max_exp_avg_sqs`` is None without AMSGrad.
+    The arrays of one parameter share its shape and are C-contiguous; all share one dtype
+    (float32 or float64); ``max_exp_avg_sqs`` is None without AMSGrad.
     The hyperparameters are Python floats, rounded here to the dtype exactly as NumPy rounds them.
     ``scratch`` (a dict the caller keeps): see ``adam_settings``. ``zero_grads``: each gradient
     is set to 0 in the same pass, after it is read (``zero_grad(set_to_none=False)`` without its
