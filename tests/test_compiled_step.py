@@ -298,3 +298,20 @@ def test_deep_copied_model_and_optimizer_train_on_their_own(monkeypatch):
         for x, y in batches[3:]:
             step(model, loss_fn, opt, x, y)
     _same_state(model, opt, twin, twin_opt)
+
+
+def test_linearkit_train_runs_the_compiled_step_with_the_parts_bits(monkeypatch):
+    """The main job (``linearkit.train.train``, the recipe's MLP) takes the one-call step, and
+    trains to the weights the parts give."""
+    from linearkit.train import train
+
+    count = _Count(monkeypatch)
+    fast_model, fast_result = train("mlp", hidden=16, steps=40, eval_every=0)
+    assert count.calls == 39
+    with monkeypatch.context() as m:
+        m.setattr(compiled_step, "enabled", False)
+        parts_model, parts_result = train("mlp", hidden=16, steps=40, eval_every=0)
+    assert count.calls == 39
+    for a, b in zip(fast_model.parameters(), parts_model.parameters()):
+        assert a.data.tobytes() == b.data.tobytes()
+    assert fast_result.test_accuracy == parts_result.test_accuracy
