@@ -75,7 +75,7 @@ def _bind(dtype):
 def _agrees(gemm, gemv, dtype) -> bool:
     """Whether ``gemm``/``gemv`` called as the compiled chain calls them give NumPy's bits."""
     rng = np.random.default_rng(0)
-    for m, k, n in ((7, 33, 5), (100, 100, 100), (64, 300, 20)):
+    for m, k, n in ((7, 33, 5), (100, 100, 100), (64, 300, 20), (3, 784, 256)):
         a = rng.standard_normal((m, k)).astype(dtype)
         w = rng.standard_normal((n, k)).astype(dtype)
         dy = rng.standard_normal((m, n)).astype(dtype)
@@ -92,8 +92,12 @@ def _agrees(gemm, gemv, dtype) -> bool:
         gemv(ROW_MAJOR, TRANS, m, n, 1.0, dy.ctypes.data, n, ones.ctypes.data, 1, 0.0, ptr[3], 1)
         gemm(ROW_MAJOR, NO_TRANS, TRANS, n, m, k, 1.0, w.ctypes.data, k, a.ctypes.data, k, 0.0,
              ptr[4], m)                                   # y.T = W @ x.T
+        row = np.empty((1, n), dtype)
+        gemv(ROW_MAJOR, NO_TRANS, n, k, 1.0, w.ctypes.data, k, a.ctypes.data, 1, 0.0,
+             row.ctypes.data, 1)                          # one row: y = W @ x
+        got.append(row)
         want = [np.dot(a, w.T), np.matmul(dy.T, a), np.matmul(dy, w), np.dot(ones, dy),
-                np.dot(w, a.T)]
+                np.dot(w, a.T), np.dot(a[:1], w.T)]
         if not all(np.array_equal(g, e) for g, e in zip(got, want)):
             return False
     return True

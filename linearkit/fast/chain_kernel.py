@@ -12,7 +12,8 @@ a sum of fast/chain_flags.py's bits. ``ws`` (1-D, ``chain_flags.workspace_per_ro
 per row) holds what the backward reads: each unit's output ``z_i (B, out)`` (its ReLU's output
 when it has one) and, after a residual's last unit, the block's output ``skip + z``; the
 chain's final output goes to ``out`` instead. All arrays C-contiguous,
-one dtype (float32 or float64); every dimension at least 2 (NumPy calls GEMV otherwise).
+one dtype (float32 or float64); every width at least 2 (NumPy calls GEMV otherwise), and at
+least 2 rows for the backward (a forward of one row calls the GEMV np.dot calls there).
 """
 
 from __future__ import annotations
@@ -97,8 +98,9 @@ def _view(ws, offset, rows, cols):
 
 @numba.njit(**_JIT)
 def chain_forward(one, zero, x, weights, biases, flags, ws, out):
-    """Run the chain on ``x (B, in_0)``: the final output into ``out (B, out_last)``, what the
-    backward needs into ``ws``. ``one``/``zero``: 1 and 0 in the dtype (GEMM's alpha, beta)."""
+    """Run the chain on ``x (B, in_0)``, B >= 1: the final output into ``out (B, out_last)``,
+    what the backward needs into ``ws``. ``one``/``zero``: 1 and 0 in the dtype (GEMM's alpha,
+    beta)."""
     rows = x.shape[0]
     last = len(weights) - 1
     a = x
@@ -123,6 +125,10 @@ def chain_forward(one, zero, x, weights, biases, flags, ws, out):
             for r in range(rows):
                 for c in range(n_out):
                     z[r, c] = z_t[c, r]
+        elif rows == 1:
+            # one row: np.dot's GEMV, y = W @ x (a forward only; the backward takes 2 rows up)
+            gemv(ROW_MAJOR, NO_TRANS, n_out, n_in, one, w.ctypes.data, n_in, a.ctypes.data, 1,
+                 zero, z.ctypes.data, 1)
         else:
             # y = x @ W.T: np.dot's call for a C-contiguous x and the transposed view of W
             gemm(ROW_MAJOR, NO_TRANS, TRANS, rows, n_out, n_in, one, a.ctypes.data, n_in,

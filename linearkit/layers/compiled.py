@@ -7,10 +7,13 @@ On the thin path (layers/fused.py: no hooks, no anomaly mode, the default precis
 ``fast/chain_kernel.py`` when its input is a C-contiguous 2-D array of the weights' dtype
 (float32 or float64) with at least 2 rows, every width is at least 2, and no parameter appears
 twice, the input, weights and biases being C-contiguous, aligned and writeable (numba would
-compile another version for any other kind). The kernels call NumPy's own BLAS with NumPy's
-arguments (fast/blas.py) and repeat the NumPy path's elementwise operations: outputs, ``dx`` and gradients are bitwise the thin path's
-(tests/test_compiled_chain.py). Gradients are written through ``Parameter.grad_buffer`` (into a
-zeroed ``.grad``, into a new one, or added), as ``add_grad`` would.
+compile another version for any other kind). A plain forward (``Sequential.forward``, one row
+included) runs the same forward kernel once a training step has loaded the kernels. The
+kernels call NumPy's own BLAS with NumPy's arguments (fast/blas.py) and repeat the NumPy path's
+elementwise operations: outputs, ``dx`` and gradients are bitwise the thin path's
+(tests/test_compiled_chain.py, tests/test_compiled_forward.py). Gradients are written through
+``Parameter.grad_buffer`` (into a zeroed ``.grad``, into a new one, or added), as ``add_grad``
+would.
 
 The BLAS thread policy (linearkit.threads) is asked once per kernel, for the chain's largest
 GEMM, instead of once per GEMM. Anything else takes the thin path, which also raises every
@@ -36,9 +39,10 @@ from ..vjp_protocol import check_backward, check_finite
 from .activation import ReLU
 from .linear import Linear
 
-__all__ = ["chain_vjp"]
+__all__ = ["chain_forward", "chain_vjp"]
 
-_containers = None      # (Sequential, Residual), imported on first use (container imports us)
+_containers = None      # (Sequential, Residual, trains), imported on first use (container
+#                         imports us)
 
 
 class _Plan:
@@ -134,11 +138,7 @@ def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None):
 def _units(modules, units: list, in_residual: bool) -> bool:
     """Append ``[linear, flags]`` for each unit of ``modules`` (in call order); False when a step
     is not one the kernels run."""
-    global _containers
-    if _containers is None:
-        from .container import Residual, Sequential
-        _containers = (Sequential, Residual)
-    sequential, residual = _containers
+    sequential, residual, _ = _containers or _import_containers()
     i, n = 0, len(modules)
     while i < n:
         module = modules[i]
@@ -163,6 +163,48 @@ def _units(modules, units: list, in_residual: bool) -> bool:
             return False
         i += 1
     return True
+
+
+def _import_containers():
+    global _containers
+    from .container import Residual, Sequential, trains
+    _containers = (Sequential, Residual, trains)
+    return _containers
+
+
+def chain_forward(modules: list, x, owner):
+    """``fused.chain_forward(modules, x)`` as one compiled call: ``y``, the same bits; or None
+    when the chain or ``x`` is not one the kernels take (the thin path runs), and always while
+    the kernels are not loaded yet (a forward never imports numba: a training step loads them).
+
+    ``x`` may have a single row here (the kernel calls the GEMV ``np.dot`` calls for it); the
+    plan is the one ``chain_vjp`` keeps on ``owner`` (the Sequential) for ``input_grad=False``.
+    """
+    kernels = fast.loaded()
+    if (kernels is None or not (type(x) is np.ndarray and x.ndim == 2 and x.shape[0] >= 1
+                                and _plain(x) and fast.supports(x.dtype)) or is_tracing()):
+        return None
+    units = []
+    if not _units(modules, units, False):
+        return None
+    plan = _cached_plan(owner, units, x, False, (_containers or _import_containers())[2])
+    if plan is None or _blas.functions(x.dtype) is None:
+        return None
+    rows, dtype = x.shape[0], x.dtype
+    macs = rows * plan.macs_per_row
+    if macs >= _threads.switch_macs:
+        _threads.before_gemm(macs)
+    out = np.empty((rows, plan.weights[-1].shape[0]), dtype)
+    try:
+        kernels.chain.chain_forward(dtype.type(1), dtype.type(0), x, plan.weights, plan.biases,
+                                    plan.flags_for(rows), np.empty(rows * plan.ws_per_row, dtype),
+                                    out)
+    except Exception as err:       # numba could not type these arrays: the thin path, for good
+        if not type(err).__module__.startswith("numba"):
+            raise
+        object.__setattr__(owner, "_compiled_plan", (owner._compiled_plan[0], None))
+        return None
+    return out
 
 
 def _cached_plan(owner, units, x, input_grad: bool, trains) -> _Plan | None:

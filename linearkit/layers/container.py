@@ -90,7 +90,7 @@ class Sequential(Module):
         and ``Linear -> ReLU`` as one step (``fused.chain_forward``: the same bits); an error
         still names the child, located by this Sequential's own call."""
         if _fused.thin_path():
-            return _fused.chain_forward(list(self._modules.values()), x)
+            return _fused.chain_forward(list(self._modules.values()), x, self)
         for module in self._modules.values():
             x = module(x)
         return x

@@ -144,11 +144,17 @@ def _linear_relu(x, w, b, kernels):
     return y
 
 
-def chain_forward(modules: list, x):
+def chain_forward(modules: list, x, owner=None):
     """``Sequential.forward`` on the thin path: each hook-free child's ``forward`` without its
     ``__call__``, and a ``Linear`` followed by a plain ``ReLU`` as ``_linear_relu`` (bitwise
     the two calls; compiled only when the kernels are already loaded, so that inference alone
-    never imports numba). An error names the child (located by the Sequential's own call)."""
+    never imports numba). An error names the child (located by the Sequential's own call).
+    Once the kernels are loaded, a chain the compiled path takes runs as one call there
+    (layers/compiled.py, the same bits); ``owner`` (the Sequential) keeps its plan."""
+    if owner is not None:
+        y = _compiled.chain_forward(modules, x, owner)
+        if y is not None:
+            return y
     i, n = 0, len(modules)
     while i < n:
         module = modules[i]
