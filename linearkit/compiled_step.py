@@ -18,8 +18,6 @@ target outside ``[0, C)`` or equal to ``ignore_index`` (the parts raise or ignor
 
 from __future__ import annotations
 
-from _tracemalloc import is_tracing  # the C half of tracemalloc: no import cost
-
 import numpy as np
 
 from . import fast
@@ -87,24 +85,18 @@ def run(model, loss_fn, optimizer, x, y, set_to_none: bool) -> float | None:
     if (not enabled or type(model) is not Sequential or model._hooks
             or type(loss_fn) is not CrossEntropyLoss or loss_fn._hooks
             or type(optimizer) not in _OPTIMIZERS
-            or len(optimizer.param_groups) != 1 or not _fused.thin_path() or is_tracing()):
+            or len(optimizer.param_groups) != 1 or not _fused.thin_path()):
         return None
-    if not (type(x) is np.ndarray and x.ndim == 2 and x.shape[0] >= 2 and _compiled._plain(x)
-            and fast.supports(x.dtype)):
+    kept = optimizer.__dict__.get("_compiled_step")
+    if kept is False:                       # numba could not compile it for these arrays
+        return None
+    chain = _compiled.plan_for(list(model._modules.values()), x, False, trains, model)
+    if chain is None:
         return None
     rows = x.shape[0]
     if not (loss_fn.weight is None and not loss_fn.label_smoothing
             and loss_fn.reduction in _REDUCTIONS and type(y) is np.ndarray
             and y.dtype.kind in "iu" and y.shape == (rows,)):
-        return None
-    kept = optimizer.__dict__.get("_compiled_step")
-    if kept is False:                       # numba could not compile it for these arrays
-        return None
-    units = []
-    if not _compiled._units(list(model._modules.values()), units, False):
-        return None
-    chain = _compiled._cached_plan(model, units, x, False, trains)
-    if chain is None:
         return None
     classes = chain.weights[-1].shape[0]
     if rows * classes > _FUSED_CE_MAX:      # the loss's NumPy path: other roundings
@@ -208,9 +200,7 @@ def _step_plan(chain, flat, params) -> _StepPlan | None:
             out.append(flat.grad_views[i])
     if None in slots:                       # a parameter the chain does not train
         return None
-    data = tuple(p.data.reshape(-1) for p in params)
-    if not all(np.shares_memory(d, p.data) for d, p in zip(data, params)):
-        return None
+    data = tuple(p.data.reshape(-1) for p in params)   # views: the chain's arrays are C-order
     bounds = np.array([s.start for s in flat.slices] + [flat.slices[-1].stop], np.int64)
     return _StepPlan(chain, flat, list(params), data, bounds, tuple(weight_grads),
                      tuple(bias_grads), slots)

@@ -39,7 +39,7 @@ from ..vjp_protocol import check_backward, check_finite
 from .activation import ReLU
 from .linear import Linear
 
-__all__ = ["chain_forward", "chain_vjp"]
+__all__ = ["chain_forward", "chain_vjp", "plan_for"]
 
 _containers = None      # (Sequential, Residual, trains), imported on first use (container
 #                         imports us)
@@ -81,13 +81,7 @@ def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None):
     The backward keeps what the thin path's closures would: ``x`` when the first layer needs
     dW, each unit's output (in one workspace ``ws``), the final output only as a ReLU's mask.
     """
-    if not (type(x) is np.ndarray and x.ndim == 2 and x.shape[0] >= 2 and _plain(x)
-            and fast.supports(x.dtype)) or is_tracing():
-        return None
-    units = []
-    if not _units(modules, units, False):
-        return None
-    plan = _cached_plan(owner, units, x, input_grad, trains)
+    plan = plan_for(modules, x, input_grad, trains, owner)
     if plan is None:
         return None
     kernels = fast.kernels()
@@ -165,6 +159,20 @@ def _units(modules, units: list, in_residual: bool) -> bool:
     return True
 
 
+def plan_for(modules: list, x, input_grad: bool, trains, owner, min_rows: int = 2):
+    """The kernels' plan for running ``modules`` on ``x`` (the one ``owner`` kept, or a new
+    one), or None when the thin path must run: ``x`` not a C-contiguous, aligned, writeable 2-D
+    float32/float64 array of at least ``min_rows`` rows, ``tracemalloc`` tracing, or a chain
+    or layout the kernels do not take (``_units``, ``_plan``)."""
+    if not (type(x) is np.ndarray and x.ndim == 2 and x.shape[0] >= min_rows and _plain(x)
+            and fast.supports(x.dtype)) or is_tracing():
+        return None
+    units = []
+    if not _units(modules, units, False):
+        return None
+    return _cached_plan(owner, units, x, input_grad, trains)
+
+
 def _import_containers():
     global _containers
     from .container import Residual, Sequential, trains
@@ -181,13 +189,10 @@ def chain_forward(modules: list, x, owner):
     plan is the one ``chain_vjp`` keeps on ``owner`` (the Sequential) for ``input_grad=False``.
     """
     kernels = fast.loaded()
-    if (kernels is None or not (type(x) is np.ndarray and x.ndim == 2 and x.shape[0] >= 1
-                                and _plain(x) and fast.supports(x.dtype)) or is_tracing()):
+    if kernels is None:
         return None
-    units = []
-    if not _units(modules, units, False):
-        return None
-    plan = _cached_plan(owner, units, x, False, (_containers or _import_containers())[2])
+    plan = plan_for(modules, x, False, (_containers or _import_containers())[2], owner,
+                    min_rows=1)
     if plan is None or _blas.functions(x.dtype) is None:
         return None
     rows, dtype = x.shape[0], x.dtype
