@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernel_spies import KernelCalls
 
 import linearkit as lk
 from linearkit.layers import compiled
@@ -44,18 +45,9 @@ def _models(dtype, rng):
     }
 
 
-class _Count:
+def _Count(monkeypatch):
     """Counts the compiled forwards (the kernel itself, so a silent fallback is noticed)."""
-
-    def __init__(self, monkeypatch):
-        chain = lk.fast.kernels().chain
-        real = chain.chain_forward
-        self.calls = 0
-
-        def spy(*args):
-            self.calls += 1
-            return real(*args)
-        monkeypatch.setattr(chain, "chain_forward", spy)
+    return KernelCalls(monkeypatch, "chain.chain_forward")
 
 
 def _run(model, x, dy, input_grad, use_kernels, monkeypatch, prepare=None):

@@ -10,11 +10,10 @@ does not take falls back and raises as before.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
+from fresh_process import imports
+from kernel_spies import KernelCalls
 
 import linearkit as lk
 from linearkit.errors import ShapeError
@@ -38,16 +37,8 @@ def _models(dtype, rng):
     }
 
 
-class _Count:
-    def __init__(self, monkeypatch):
-        chain = lk.fast.kernels().chain
-        real = chain.chain_forward
-        self.calls = 0
-
-        def spy(*args):
-            self.calls += 1
-            return real(*args)
-        monkeypatch.setattr(chain, "chain_forward", spy)
+def _Count(monkeypatch):
+    return KernelCalls(monkeypatch, "chain.chain_forward")
 
 
 def _thin(model, x, monkeypatch):
@@ -73,13 +64,10 @@ def test_forward_is_bitwise_the_thin_path(rows, dtype, monkeypatch):
 
 
 def test_forward_before_the_kernels_load_imports_no_numba():
-    code = ("import sys, numpy as np, linearkit as lk\n"
-            "m = lk.Sequential(lk.Linear(8, 4), lk.ReLU(), lk.Linear(4, 2))\n"
-            "m(np.ones((1, 8), np.float32)); m(np.ones((5, 8), np.float32))\n"
-            "print('numba' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
-    assert out.stdout.strip() == "False"
+    assert not imports("import numpy as np, linearkit as lk\n"
+                       "m = lk.Sequential(lk.Linear(8, 4), lk.ReLU(), lk.Linear(4, 2))\n"
+                       "m(np.ones((1, 8), np.float32)); m(np.ones((5, 8), np.float32))",
+                       "numba")
 
 
 def test_what_the_kernel_does_not_take_falls_back(monkeypatch):

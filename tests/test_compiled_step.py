@@ -14,6 +14,7 @@ import copy
 
 import numpy as np
 import pytest
+from kernel_spies import KernelCalls
 
 import linearkit as lk
 from linearkit import compiled_step
@@ -45,19 +46,9 @@ def _model(kind, dtype, seed=0):
     raise ValueError(kind)
 
 
-class _Count:
+def _Count(monkeypatch):
     """Counts the steps the kernel completed (not those it handed back, returning -1)."""
-
-    def __init__(self, monkeypatch):
-        kernels = lk.fast.kernels()
-        real = kernels.train_step
-        self.calls = 0
-
-        def spy(*args):
-            total = real(*args)
-            self.calls += total >= 0
-            return total
-        monkeypatch.setattr(kernels, "train_step", spy)
+    return KernelCalls(monkeypatch, "train_step", counts=lambda total: total >= 0)
 
 
 def _batches(dtype, n=6, rows=10, classes=5, seed=1):
