@@ -88,17 +88,23 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
 # vs 2.2 ms; docs/fast.md). Every output element is the same dot product (the same kernel, the
 # two dimensions' roles swapped); float32 gave identical bits on every shape tried
 # (tests/test_linear.py checks the shapes this rule picks), float64 did not and is not faster,
-# so it keeps ``x @ W.T``.
+# so it keeps ``x @ W.T``. The bits are a property of OpenBLAS's kernel, not of the layout:
+# its SkylakeX kernel gives them, its Haswell kernel (``OPENBLAS_CORETYPE=Haswell``) does not,
+# so the first call that would use the rule checks the kernel loaded (``_same_bits_both_ways``).
 _FEW_ROWS_MIN, _FEW_ROWS_MAX, _FEW_ROWS_MIN_OUT = 2, 48, 128
 _FLOAT32 = np.dtype(np.float32)
-_openblas: bool | None = None     # NumPy's BLAS is OpenBLAS (found on the first call)
+_openblas: bool | None = None     # OpenBLAS, giving np.dot's bits both ways (first call decides)
+# rows, in, out: shapes the rule picks (the MLP's first layer at batch 32 among them)
+_BIT_CHECK_SHAPES = ((32, 784, 256), (6, 256, 256), (48, 128, 128), (4, 512, 512),
+                     (12, 300, 200), (2, 1024, 1024))
 
 
 def _weight_first(rows: int, in_features: int, out_features: int, x_dtype, w_dtype) -> bool:
     """Whether ``linear`` computes ``x (rows, in) @ W.T`` as ``(W @ x.T).T``: float32, 2-48
     rows, at least 128 outputs, past the sizes where OpenBLAS's small-matrix path makes both
     ways equal (``rows * in * out`` of 2^20 for 2-4 rows, 2^18 above), and NumPy's BLAS is
-    OpenBLAS (the one measured). The compiled chain asks the same question (layers/compiled.py)."""
+    OpenBLAS (the one measured) with a kernel that gives ``np.dot``'s bits both ways (checked
+    once per process). The compiled chain asks the same question (layers/compiled.py)."""
     global _openblas
     if not (_FEW_ROWS_MIN <= rows <= _FEW_ROWS_MAX and out_features >= _FEW_ROWS_MIN_OUT
             and x_dtype is w_dtype is _FLOAT32
@@ -109,8 +115,21 @@ def _weight_first(rows: int, in_features: int, out_features: int, x_dtype, w_dty
             blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
         except (TypeError, AttributeError):     # a NumPy without show_config(mode=)
             blas = {}
-        _openblas = "openblas" in str(blas.get("name", "")).lower()
+        _openblas = ("openblas" in str(blas.get("name", "")).lower()
+                     and _same_bits_both_ways())
     return _openblas
+
+
+def _same_bits_both_ways() -> bool:
+    """Whether ``(W @ x.T).T`` gives ``np.dot(x, W.T)``'s bits on the shapes the rule picks,
+    with the BLAS kernel this process loaded (~1 ms, once)."""
+    rng = np.random.default_rng(0)
+    for rows, n_in, n_out in _BIT_CHECK_SHAPES:
+        x = rng.standard_normal((rows, n_in), dtype=np.float32)
+        w = rng.standard_normal((n_out, n_in), dtype=np.float32)
+        if not np.array_equal(np.dot(w, x.T).T, np.dot(x, w.T)):
+            return False
+    return True
 
 
 def _linear_weight_first(x, x2, weight, bias):

@@ -110,7 +110,12 @@ def _check_same(tm, model, x, check_values=True):
     assert_close(dx_l, dx_t)
     assert list(g_l) == list(g_t)
     for name in g_t:
-        assert_close(g_l[name], g_t[name], msg=name)
+        # a parameter gradient sums over the batch: float32 rounding grows with the terms'
+        # size, so the absolute tolerance scales with the gradient's (4.weight here, max 44,
+        # differs by 1.9e-5 in one element on an AMD EPYC's OpenBLAS kernel)
+        atol, rtol = (1e-5, 1.3e-6) if x.dtype == np.float32 else (1e-7, 1e-7)  # torch's
+        scale = max(1.0, float(np.abs(g_t[name]).max()))
+        assert_close(g_l[name], g_t[name], atol=atol * scale, rtol=rtol, msg=name)
     for key, value in tm.state_dict().items():  # BatchNorm's running stats moved alike
         assert_close(np.asarray(model.state_dict()[key]), value.numpy(), msg=key)
 

@@ -60,7 +60,8 @@ def test_few_rows_weight_first_gemm_matches_torch_and_np_dot(rows, in_f, out_f, 
     """A few rows through a wide layer: the GEMM laid out as (W @ x.T).T (functional.py) gives
     a C-contiguous y, PyTorch's values and, in float32 on OpenBLAS, np.dot's very bits."""
     if not F._weight_first(rows, in_f, out_f, np.dtype(np.float32), np.dtype(np.float32)):
-        pytest.skip("NumPy's BLAS is not OpenBLAS: linear keeps x @ W.T")
+        pytest.skip("NumPy's BLAS is not OpenBLAS, or its kernel (OPENBLAS_CORETYPE=Haswell) "
+                    "gives other bits the other way round: linear keeps x @ W.T")
     rng = np.random.default_rng(3)
     layer = lk.Linear(in_f, out_f, bias=bias, rng=rng)
     x = rng.standard_normal(lead + (rows, in_f)).astype(np.float32)
@@ -90,6 +91,19 @@ def test_weight_first_gemm_only_where_it_was_measured_faster(rows, in_f, out_f, 
     """One row (GEMV), past 48 rows, under 128 outputs, OpenBLAS's small-matrix sizes and
     float64 keep x @ W.T (docs/fast.md has the measurements)."""
     assert not F._weight_first(rows, in_f, out_f, np.dtype(dtype), np.dtype(dtype))
+
+
+def test_weight_first_only_where_the_kernel_gives_np_dots_bits(monkeypatch):
+    """The rule asks the loaded BLAS kernel once: a kernel whose (W @ x.T).T differs from
+    np.dot(x, W.T) in a bit (OpenBLAS's Haswell kernel does) keeps x @ W.T everywhere."""
+    f32 = np.dtype(np.float32)
+    monkeypatch.setattr(F, "_openblas", None)
+    monkeypatch.setattr(F, "_same_bits_both_ways", lambda: False)
+    assert not F._weight_first(32, 784, 256, f32, f32)
+    monkeypatch.setattr(F, "_openblas", None)
+    monkeypatch.setattr(F, "_same_bits_both_ways", lambda: True)
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]["name"]
+    assert F._weight_first(32, 784, 256, f32, f32) == ("openblas" in blas.lower())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -50,7 +50,9 @@ def test_fused_output_equals_the_three_outputs_exactly(sizes, rows):
     fused, report = fuse_qkv(q, k, v, probe=probe)
     assert fused.weight.shape == (sum(sizes), 24)
     np.testing.assert_array_equal(fused(probe), _concat(q, k, v, probe))
-    assert report.max_abs_error == 0.0 and report.params_before == report.params_after
+    # the report's own 64 random rows are not integers: exact or float32 rounding, as the BLAS
+    # kernel sums them (OpenBLAS's Haswell kernel orders the fused shape's sums differently)
+    assert report.max_rel_error < 1e-6 and report.params_before == report.params_after
 
 
 def test_fused_output_on_random_floats_agrees_to_float32_rounding():
@@ -91,7 +93,7 @@ def test_split_of_fuse_is_the_identity_bitwise_and_copies():
         assert b.weight.data.flags.c_contiguous and b.weight.data.flags.owndata
         assert not np.shares_memory(b.weight.data, fused.weight.data)
         assert not np.shares_memory(b.bias.data, fused.bias.data)
-    assert report.max_abs_error == 0.0
+    assert report.max_rel_error < 1e-6      # random probes: exact or float32 rounding
     before = fused.weight.data.copy(), fused.bias.data.copy()
     k2.weight.data[...] = 7.0
     k2.bias.data[...] = 7.0
