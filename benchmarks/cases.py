@@ -115,7 +115,7 @@ def config(quick: bool | str) -> dict:
                 "profile_steps": 300, "busy_rounds": 1, "memory_steps": MEMORY_STEPS,
                 "e2e_repeats": 1, "sweep_repeats": 5, "large_rounds": 1}
     return {"quick": False, "repeats": 7, "min_time": 0.2, "train_min_time": 0.3,
-            "recipe_steps": 6000, "recipe_repeats": 3, "import_repeats": 7,
+            "recipe_steps": 6000, "recipe_repeats": 5, "import_repeats": 7,
             "profile_steps": 1500, "busy_rounds": 2, "memory_steps": MEMORY_STEPS,
             "e2e_repeats": 3, "sweep_repeats": 15, "large_rounds": LARGE_ROUNDS}
 

@@ -37,6 +37,13 @@ def classification_batches(batch: int, n_in: int, n_classes: int, gen: np.random
             for _ in range(count)]
 
 
+def step_inputs(batch: int, sizes) -> list[np.ndarray]:
+    """The inputs ``x (batch, sizes[0])`` an MLP throughput case cycles through (the ``x`` of
+    ``classification_batches`` drawn from ``rng(1)``, as the training cases draw them): the
+    GEMMs-alone cases read the same ``N_BATCHES`` arrays, not one that stays in cache."""
+    return [x for x, _ in classification_batches(batch, sizes[0], sizes[-1], rng(1))]
+
+
 def recipe_dataset(gen: np.random.Generator):
     """MNIST-1D-shaped training set: 4,000 sequences of length 40, 10 classes."""
     r = cases.RECIPE

@@ -28,6 +28,9 @@ lk = None
 # on an idle machine (the large group's 8192-row forward measured 49% of NumPy without this).
 SERVE_WARM_S = 0.7
 SERVE_WARM_CALLS = 3      # linearkit.threads.UP_SAMPLES + 1
+# Steps of a throwaway model before the recipe's timed runs: Adam's first step packs its flat
+# state, the next ones run (and load) every compiled kernel of the step.
+WARM_STEPS = 3
 
 
 def check() -> None:
@@ -153,17 +156,20 @@ def cycling(step, batches):
 def gemms_case(sizes, batch: int):
     """Only the 8 GEMMs of one MLP training step, back to back, through the functions and the
     BLAS-thread policy the step itself uses (``linearkit.functional``): 3 forward, then dW3,
-    dh2, dW2, dh1, dW1 (weight gradients written into kept buffers, as the step does)."""
+    dh2, dW2, dh1, dW1 (weight gradients written into kept buffers, as the step does), on the
+    inputs the step cycles through (``data.step_inputs``)."""
     import numpy as np
 
     F = lk.functional
-    gen = data.rng(1)
     (w1, _), (w2, _), (w3, _) = data.mlp_params(sizes, data.rng())
-    x = data.uniform((batch, sizes[0]), gen)
-    dz = data.uniform((batch, sizes[-1]), gen, 1.0 / batch)
+    xs = data.step_inputs(batch, sizes)
+    dz = data.uniform((batch, sizes[-1]), data.rng(2), 1.0 / batch)
     gw1, gw2, gw3 = (np.empty_like(w) for w in (w1, w2, w3))
+    state = {"i": 0}
 
     def step():
+        x = xs[state["i"] % len(xs)]
+        state["i"] += 1
         h1 = F.linear(x, w1)
         h2 = F.linear(h1, w2)
         F.linear(h2, w3)
@@ -207,6 +213,12 @@ def recipe(rec) -> None:
     steps = rec.cfg["recipe_steps"]
     x_all, y_all = data.recipe_dataset(data.rng())
     order = data.recipe_batches(steps)
+    # untimed, as JAX compiles its step before its runs: numba's import and the kernels' load
+    # from its cache (~0.6 s, once per process) would otherwise land in the first timed run,
+    # whose 6,000 steps take ~0.6 s (the start-up is measured end to end: the e2e group)
+    warm = trainer(build_model(sizes, residual=True), r["lr"])
+    for idx in order[:WARM_STEPS]:
+        warm(x_all[idx], y_all[idx])
 
     def once() -> float:
         step = trainer(build_model(sizes, residual=True), r["lr"])

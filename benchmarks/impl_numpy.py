@@ -226,16 +226,21 @@ class MLP:
 
 def gemms_case(sizes, batch: int):
     """Only the 8 GEMMs of one :class:`MLP` training step, back to back, into the step's own
-    buffers: 3 forward, then dW3, dh2, dW2, dh1, dW1 (no dX for the first layer). The floor a
-    NumPy step of this model cannot go under (issue 11: "the step within 15% of its GEMMs")."""
+    buffers: 3 forward, then dW3, dh2, dW2, dh1, dW1 (no dX for the first layer), on the inputs
+    the step cycles through (``data.step_inputs``). The floor a NumPy step of this model cannot
+    go under (issue 11: "the step within 15% of its GEMMs")."""
     net = MLP(sizes, batch, cases.MLP_LR)
-    x, y = data.classification_batches(batch, sizes[0], sizes[-1], data.rng(1), count=1)[0]
-    net.train_step(x, y)  # real values in every buffer (np.empty may hold NaNs or denormals)
+    batches = data.classification_batches(batch, sizes[0], sizes[-1], data.rng(1))
+    net.train_step(*batches[0])  # real values in every buffer (np.empty may hold NaNs or denormals)
+    xs = [x for x, _ in batches]
     (w1, _), (w2, _), (w3, _) = net.layers
     (gw1, _), (gw2, _), (gw3, _) = net.grads
     h1, h2, z, dz, dh2, dh1 = net.h1, net.h2, net.z, net.dz, net.dh2, net.dh1
+    state = {"i": 0}
 
     def step():
+        x = xs[state["i"] % len(xs)]
+        state["i"] += 1
         np.matmul(x, w1.T, out=h1)
         np.matmul(h1, w2.T, out=h2)
         np.matmul(h2, w3.T, out=z)

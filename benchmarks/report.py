@@ -270,7 +270,9 @@ def mlp_sections(v: View):
         "PyTorch's default Adam on CPU is its per-parameter for-loop; `fused=True` its fused "
         "kernel. NumPy: a hand-written loop, every buffer preallocated, one flat Adam. *8 GEMMs "
         "alone*: only the step's GEMMs (3 forward, dW and dX of the upper layers, dW of the "
-        "first), back to back: NumPy's into its loop's buffers at the BLAS's default threads, "
+        "first), back to back, on the 8 input batches the steps cycle through (as fast, within "
+        "3%, as on one batch: measured interleaved at batch 32 and 512): NumPy's into its "
+        "loop's buffers at the BLAS's default threads, "
         "linearkit's through `linearkit.functional` under its thread policy, as its step runs "
         "them; *lk step / its GEMMs* is linearkit's step time over its GEMMs' (issue 11: at "
         f"most {cases.MLP_GEMM_LIMIT}× at batch {cases.MLP_GEMM_BATCH}).")
@@ -324,7 +326,9 @@ def recipe_section(v: View):
          "time / linearkit"], rows,
         "MNIST-1D-shaped synthetic data (4,000 × 40, 10 classes), reshuffled every epoch, "
         "batches gathered by index each step; model built outside the timed region; median of "
-        f"{v.meta.get('config', {}).get('recipe_repeats', 3)} runs. `linearkit.train.train` is "
+        f"{v.meta.get('config', {}).get('recipe_repeats', 3)} runs, after a few untimed steps "
+        "(JAX compiles its step, linearkit loads its compiled kernels: once per process, "
+        "measured in 5b). `linearkit.train.train` is "
         "the command's own loop (its DataLoader, its BLAS-thread choice, evaluation off), timed "
         "by itself; the other rows are the documented step on pre-drawn index batches. "
         "linearkit's step runs as one compiled call (fast.md, \"The whole step in one call\"); "
@@ -902,7 +906,7 @@ def render_markdown(results: dict) -> str:
          "spinning; linearkit runs its case untimed for 0.7 s and 3 calls at least before each "
          "repeat, so that its BLAS-thread policy sees the machine idle again after the others' "
          f"turns (the recipe's whole runs: {cfg.get('recipe_repeats', '?')} per round, no "
-         "warm-up). A ratio in "
+         "warm-up between them). A ratio in "
          "these groups is the median of the ratios of repeats taken together (seconds apart), "
          "not of two medians taken minutes apart: this machine's speed drifts by up to 1.5× "
          "over minutes."),
