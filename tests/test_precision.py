@@ -119,6 +119,18 @@ def test_compute_array_is_exact_and_leaves_wide_arrays_alone():
     assert P.compute_array(x) is x
 
 
+def test_bfloat16_upcast_keeps_every_bit_of_astype_on_strided_blocks():
+    """compute_array's one-pass shift gives ml_dtypes' astype bits, NaN payloads included, on
+    the strided column blocks the blocked dx GEMM upcasts, and on a 0-d array and a scalar."""
+    every16 = np.arange(1 << 16, dtype=np.uint16).view(BF16).reshape(256, 256)
+    for a in (every16, every16[:, 64:128], every16[::3, ::-5], every16.T, every16[7, 9:10]):
+        up = P.compute_array(a)
+        assert up.dtype == np.float32 and up.shape == a.shape and up.flags.c_contiguous
+        np.testing.assert_array_equal(bits(up), bits(a.astype(np.float32)))
+    for a in (np.array(every16[1, 2]), every16[1, 2]):
+        assert bits(np.asarray(P.compute_array(a))) == bits(np.asarray(a.astype(np.float32)))
+
+
 def test_policy_context_restores_and_set_policy_returns_the_previous():
     assert P.get_policy() == P.Policy()
     with P.policy(grads="storage") as pol:
