@@ -262,8 +262,9 @@ def compute_array(a: np.ndarray) -> np.ndarray:
     payloads kept. Measured on the 2-core AMD EPYC (median of 9, float32 out): a 1M-element
     block of a (4096, 1024) weight 0.20 ms against ml_dtypes' ``astype`` 0.58 ms (rows) and
     0.24 against 0.93 ms (a strided block of columns); the whole weight 2.1 against 2.2 ms. (On
-    the earlier Xeon a three-pass bit trick, astype to uint32 then shift, lost to ``astype``:
-    1.6-1.9 against 1.1 ms.) NumPy's float16 ``astype`` (5-7 ms on the Xeon, scalar: its F16C
+    the earlier Xeon the trick written as separate NumPy calls, uint16 -> uint32 then << 16,
+    lost to ``astype`` on the whole weight: 1.6-1.9 against 1.1 ms; this one-call form was not
+    measured there.) NumPy's float16 ``astype`` (5-7 ms on the Xeon, scalar: its F16C
     path is not in the baseline build) beat a float32 table lookup (``take``, 9 ms), the
     exponent-rebias bit trick in cache-sized pieces (6.3-10 ms) and the two halves on two
     threads (faster alone, 1.1 ms instead of 1.8 per 1M elements, but no faster between two
