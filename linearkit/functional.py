@@ -93,7 +93,8 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
 # so the first call that would use the rule checks the kernel loaded (``_same_bits_both_ways``).
 _FEW_ROWS_MIN, _FEW_ROWS_MAX, _FEW_ROWS_MIN_OUT = 2, 48, 128
 _FLOAT32 = np.dtype(np.float32)
-_openblas: bool | None = None     # OpenBLAS, giving np.dot's bits both ways (first call decides)
+# OpenBLAS, with a kernel that gives np.dot's bits both ways (the first call decides)
+_blas_keeps_bits_both_ways: bool | None = None
 # rows, in, out: shapes the rule picks (the MLP's first layer at batch 32 among them)
 _BIT_CHECK_SHAPES = ((32, 784, 256), (6, 256, 256), (48, 128, 128), (4, 512, 512),
                      (12, 300, 200), (2, 1024, 1024))
@@ -105,19 +106,19 @@ def _weight_first(rows: int, in_features: int, out_features: int, x_dtype, w_dty
     ways equal (``rows * in * out`` of 2^20 for 2-4 rows, 2^18 above), and NumPy's BLAS is
     OpenBLAS (the one measured) with a kernel that gives ``np.dot``'s bits both ways (checked
     once per process). The compiled chain asks the same question (layers/compiled.py)."""
-    global _openblas
+    global _blas_keeps_bits_both_ways
     if not (_FEW_ROWS_MIN <= rows <= _FEW_ROWS_MAX and out_features >= _FEW_ROWS_MIN_OUT
             and x_dtype is w_dtype is _FLOAT32
             and rows * in_features * out_features >= (1 << 20 if rows <= 4 else 1 << 18)):
         return False
-    if _openblas is None:
+    if _blas_keeps_bits_both_ways is None:
         try:
             blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
         except (TypeError, AttributeError):     # a NumPy without show_config(mode=)
             blas = {}
-        _openblas = ("openblas" in str(blas.get("name", "")).lower()
+        _blas_keeps_bits_both_ways = ("openblas" in str(blas.get("name", "")).lower()
                      and _same_bits_both_ways())
-    return _openblas
+    return _blas_keeps_bits_both_ways
 
 
 def _same_bits_both_ways() -> bool:

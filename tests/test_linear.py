@@ -97,10 +97,10 @@ def test_weight_first_only_where_the_kernel_gives_np_dots_bits(monkeypatch):
     """The rule asks the loaded BLAS kernel once: a kernel whose (W @ x.T).T differs from
     np.dot(x, W.T) in a bit (OpenBLAS's Haswell kernel does) keeps x @ W.T everywhere."""
     f32 = np.dtype(np.float32)
-    monkeypatch.setattr(F, "_openblas", None)
+    monkeypatch.setattr(F, "_blas_keeps_bits_both_ways", None)
     monkeypatch.setattr(F, "_same_bits_both_ways", lambda: False)
     assert not F._weight_first(32, 784, 256, f32, f32)
-    monkeypatch.setattr(F, "_openblas", None)
+    monkeypatch.setattr(F, "_blas_keeps_bits_both_ways", None)
     monkeypatch.setattr(F, "_same_bits_both_ways", lambda: True)
     blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]["name"]
     assert F._weight_first(32, 784, 256, f32, f32) == ("openblas" in blas.lower())

@@ -268,11 +268,12 @@ def test_large_layer_bitwise_with_float32_at_the_benchmark_shape():
     dy = rng.standard_normal((8, 4096)).astype(np.float32)
     w32 = layer.weight.data.astype(np.float32)
     assert layer.weight.size > F._BLOCK_ELEMENTS
+    rows, cols = F._BLOCK_ELEMENTS // 1024, F._BLOCK_ELEMENTS // 4096    # 1024 and 256
     for got, whole, by_blocks in (
             (F.linear(x, layer.weight.data), x @ w32.T,
-             np.concatenate([x @ w32[i:i + 1024].T for i in range(0, 4096, 1024)], axis=1)),
+             np.concatenate([x @ w32[i:i + rows].T for i in range(0, 4096, rows)], axis=1)),
             (F.linear_input_grad(dy, layer.weight.data), dy @ w32,
-             np.concatenate([dy @ w32[:, i:i + 256] for i in range(0, 1024, 256)], axis=1))):
+             np.concatenate([dy @ w32[:, i:i + cols] for i in range(0, 1024, cols)], axis=1))):
         np.testing.assert_array_equal(got, by_blocks)       # the blocks, exactly
         if np.array_equal(by_blocks, whole):                # this kernel: the whole GEMM's bits
             np.testing.assert_array_equal(got, whole)
