@@ -44,6 +44,13 @@ def info() -> dict:
     return {"linearkit": lk.__version__, "path": lk.__file__}
 
 
+def backoffs() -> int:
+    """How often the BLAS-thread policy has taken threads away so far (--serve records how
+    often it did during each case's timed repeats: the host or another process kept a core
+    busy, and some GEMMs ran on fewer threads than NumPy's, which always use every core)."""
+    return lk.threads.info()["backoffs"]
+
+
 def layer(in_f: int, out_f: int):
     m = lk.Linear(in_f, out_f)
     w, b = data.linear_params(in_f, out_f, data.rng())

@@ -180,7 +180,23 @@ def large_section(v: View):
         "NumPy out=: the same GEMMs into preallocated buffers, which no layer returning its "
         "result can do; the difference is the cost of fresh pages. linearkit: `layer(x)`; `vjp` "
         "+ `backward(dy)` + `zero_grad()`. PyTorch: `F.linear` (no_grad) and autograd. JAX: "
-        "jitted.")
+        "jitted.", notes=_policy_notes(v, "large"))
+
+
+def _policy_notes(v: View, group: str) -> list[str]:
+    """How often linearkit's BLAS-thread policy backed off during the timed repeats of
+    ``group``'s cases, per round: a repeat where it did ran some GEMMs on fewer threads."""
+    counts = []
+    for case, res in sorted(((v.worker(group, "linearkit") or {}).get("results") or {}).items()):
+        rounds = res.get("round_timed_backoffs") or [res.get("timed_backoffs")]
+        if any(rounds):
+            counts.append(f"{case} " + " / ".join("n/a" if c is None else str(c)
+                                                   for c in rounds))
+    if not counts:
+        return []
+    return ["linearkit's BLAS-thread policy took threads away during timed repeats (the host "
+            "or another process kept a core busy at one of its looks), times per round: "
+            + "; ".join(counts) + "."]
 
 
 def precision_section(v: View):

@@ -117,6 +117,9 @@ def merge_rounds(outs: list[dict]) -> dict:
                                    for o in outs]
         best["round_repeats_s"] = [o.get("results", {}).get(case, {}).get("repeats_s")
                                    for o in outs]
+        if "timed_backoffs" in best:
+            best["round_timed_backoffs"] = [
+                o.get("results", {}).get(case, {}).get("timed_backoffs") for o in outs]
         results[case] = best
     for o in outs[1:]:
         for case, err in o.get("errors", {}).items():

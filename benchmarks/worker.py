@@ -72,12 +72,16 @@ class ServingRecorder(Recorder):
     """A Recorder that builds and calibrates each timed case but times it only on request
     (``--serve``): ``serve`` answers the parent's requests, one repeat each."""
 
-    def __init__(self, cfg: dict, warm_s: float = 0.0, warm_calls: int = 1):
+    def __init__(self, cfg: dict, warm_s: float = 0.0, warm_calls: int = 1, backoffs=None):
         super().__init__(cfg)
         self.cases: dict[str, tuple] = {}   # case -> (prepare, n, gc_off, meta, times)
         self.whole: dict[str, tuple] = {}   # case -> (once, steps, times): whole runs
         # untimed iterations before each repeat: at least warm_calls, for warm_s seconds at least
         self.warm_s, self.warm_calls = warm_s, warm_calls
+        # backoffs() -> how often the implementation's thread policy has backed off so far
+        # (linearkit's); each case records how often it did during its timed repeats
+        self.backoffs = backoffs
+        self.timed_backoffs: dict[str, int] = {}
 
     def time(self, case: str, build, *args, train: bool = False, **meta) -> None:
         try:
@@ -104,7 +108,11 @@ class ServingRecorder(Recorder):
         while calls < self.warm_calls or time.perf_counter() < warm_until:
             repeat(prepare, 1, gc_off)
             calls += 1
+        before = self.backoffs() if self.backoffs else 0
         times.append(repeat(prepare, n, gc_off))
+        if self.backoffs:
+            self.timed_backoffs[case] = (self.timed_backoffs.get(case, 0)
+                                         + self.backoffs() - before)
         return times[-1]
 
     def serve(self, requests, answer) -> None:
@@ -123,6 +131,8 @@ class ServingRecorder(Recorder):
         for case, (_, n, _, meta, times) in self.cases.items():
             if times and case not in self.errors:
                 self.results[case] = {**summary(times, n), **meta}
+                if case in self.timed_backoffs:
+                    self.results[case]["timed_backoffs"] = self.timed_backoffs[case]
         for case, (_, steps, times) in self.whole.items():
             if times and case not in self.errors:
                 self.results[case] = run_stats(times, steps)
@@ -154,7 +164,7 @@ def run(framework: str, group: str, quick: bool | str, serve=None) -> dict:
     smoke = quick == "smoke"
     rec = Recorder(cfg) if serve is None else ServingRecorder(
         cfg, 0.0 if smoke else getattr(impl, "SERVE_WARM_S", 0.0),
-        1 if smoke else getattr(impl, "SERVE_WARM_CALLS", 1))
+        1 if smoke else getattr(impl, "SERVE_WARM_CALLS", 1), getattr(impl, "backoffs", None))
     try:
         fn(rec)
     except Exception as err:  # noqa: BLE001 - e.g. a missing API: the whole group fails
