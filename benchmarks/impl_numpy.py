@@ -5,7 +5,7 @@ an outer product, and for training one flat parameter buffer (with per-layer vie
 a dozen in-place ufunc calls in total. Results go into preallocated ``out=`` buffers, except in
 the large-layer group's ceiling: there NumPy returns fresh arrays (``y = x @ W.T; y += b``),
 the contract of ``layer(x)``, of autograd's gradients and of PyTorch. Its ``:out`` cases, the
-same GEMMs into preallocated buffers, show what the fresh pages cost (~5% at 128 MiB).
+same GEMMs into preallocated buffers, show what the fresh pages cost (docs/performance.md).
 """
 
 from __future__ import annotations
