@@ -107,6 +107,31 @@ def test_weight_first_only_where_the_kernel_gives_np_dots_bits(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lead", [(64,), (4, 16)])
+def test_large_output_goes_through_matmul_with_np_dots_bits(monkeypatch, dtype, lead):
+    """From _DOT_MAX_OUT output elements the forward calls np.matmul (np.dot would zero the
+    large y first); below it np.dot. The values are np.dot's to the bit either way."""
+    rng = np.random.default_rng(5)
+    out_f = F._DOT_MAX_OUT // 64   # 64 rows: exactly _DOT_MAX_OUT output elements
+    w = rng.standard_normal((out_f, 8)).astype(dtype)
+    b = rng.standard_normal(out_f).astype(dtype)
+    x = rng.standard_normal(lead + (8,)).astype(dtype)
+    calls = []
+    real_dot, real_matmul = np.dot, np.matmul
+    monkeypatch.setattr(F.np, "dot", lambda *a, **k: calls.append("dot") or real_dot(*a, **k))
+    monkeypatch.setattr(F.np, "matmul",
+                        lambda *a, **k: calls.append("matmul") or real_matmul(*a, **k))
+    y = F.linear(x, w, b)
+    assert calls == ["matmul"]
+    expected = real_dot(x.reshape(64, 8), w.T) + b
+    assert y.shape == lead + (out_f,)
+    assert np.array_equal(y.reshape(64, out_f), expected)
+    calls.clear()
+    F.linear(x[..., :1, :] if len(lead) == 2 else x[:63], w, b)   # under the threshold
+    assert calls == ["dot"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_non_contiguous_input(dtype):
     rng = np.random.default_rng(1)
     layer = lk.Linear(6, 4, dtype=dtype, rng=rng)
