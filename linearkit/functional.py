@@ -128,7 +128,7 @@ def _weight_first(rows: int, in_features: int, out_features: int, x_dtype, w_dty
         except (TypeError, AttributeError):     # a NumPy without show_config(mode=)
             blas = {}
         _blas_keeps_bits_both_ways = ("openblas" in str(blas.get("name", "")).lower()
-                     and _same_bits_both_ways())
+                                      and _same_bits_both_ways())
     return _blas_keeps_bits_both_ways
 
 
