@@ -281,6 +281,21 @@ def test_json_has_null_not_nan(tmp_path):
     json.loads(out, parse_constant=_no_constants)
 
 
+def test_python_dash_m_linearkit_is_the_same_command(tmp_path):
+    """``python -m linearkit`` (no scripts on PATH) parses, fails and succeeds like ``linearkit``."""
+    def run(*args):
+        proc = subprocess.run([sys.executable, "-m", "linearkit", *args], capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path)
+        return proc.returncode, proc.stdout, proc.stderr
+
+    line = one_line_usage_error(*run("train", "--batch-size", "0"))
+    assert line.startswith("linearkit train: error:") and "--batch-size" in line, line
+    rc, out, err = run("train", "--steps", "20", "--eval-every", "0", "--json",
+                       "--out", str(tmp_path / "w.safetensors"))
+    assert rc == 0, err
+    assert json.loads(out)["steps"] == 20
+
+
 def test_json_safe_turns_every_non_finite_number_into_null():
     from linearkit.cli import _json_safe
 
