@@ -5,4 +5,5 @@ import sys
 
 from .cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing it (tools that walk every module) runs nothing
+    sys.exit(main())
