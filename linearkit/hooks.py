@@ -31,6 +31,8 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
+from . import _structure
+
 __all__ = ["KINDS", "RemovableHandle", "observe", "register_module_forward_hook",
            "register_module_forward_pre_hook", "register_module_full_backward_hook",
            "register_module_full_backward_pre_hook"]
@@ -112,8 +114,10 @@ active = False
 
 
 def _refresh() -> None:
+    """After any hook was added or removed: the global flag, and every structure plan redone."""
     global active
     active = bool(GLOBAL)
+    _structure.changed()
 
 
 def _chain(module, kind: str) -> list:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from . import _structure
 from . import anomaly as _anomaly
 from . import hooks as _hooks
 from . import precision as _precision
@@ -109,6 +110,7 @@ class Module:
 
     # ------------------------------------------------------------------ registration
     def __setattr__(self, name: str, value) -> None:
+        _structure.changed()     # any attribute (a child, a Parameter, the class) may be structure
         params = self.__dict__.get("_parameters")
         if params is None and isinstance(value, (Parameter, Module)):
             raise AttributeError(
@@ -145,6 +147,7 @@ class Module:
 
     def _unregister(self, name: str, keep: dict | None = None) -> None:
         """Forget ``name`` in every registry but ``keep`` (where it keeps its position)."""
+        _structure.changed()
         for registry in (self._parameters, self._buffers, self._modules):
             if registry is not keep:
                 registry.pop(name, None)

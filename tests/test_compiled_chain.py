@@ -145,10 +145,10 @@ def test_weight_first_gemms_keep_the_thin_paths_bits(monkeypatch, rows, grads):
     assert count.calls == 1
     for a, b in zip(fast[:2] + tuple(fast[2]), plain[:2] + tuple(plain[2])):
         _same(a, b)
-    flags = model._compiled_plan[1].flags_for(rows)
+    flags = model._compiled_plan.plan.flags_for(rows)
     picked = [bool(f & chain_flags.WEIGHT_FIRST) for f in flags]
     assert picked == [F._weight_first(rows, w.shape[1], w.shape[0], w.dtype, w.dtype)
-                      for w in model._compiled_plan[1].weights]
+                      for w in model._compiled_plan.plan.weights]
     if rows == 32 and F._weight_first(32, 40, 256, x.dtype, x.dtype):
         assert picked == [True, True, True, False]      # the path under test is taken
 
@@ -295,9 +295,17 @@ def test_the_plan_skips_what_the_thin_path_skips():
 
 
 @pytest.mark.parametrize("change", ["freeze", "new-data", "new-module", "fewer-rows", "hook",
-                                    "input-grad", "read-only-weight"])
+                                    "input-grad", "read-only-weight", "writeable-again",
+                                    "nested-new-module", "nested-hook", "new-parameter",
+                                    "bias-removed", "deleted-and-appended", "new-class",
+                                    "deepcopy", "pickle"])
 def test_the_kept_plan_follows_every_change_to_the_model(monkeypatch, change):
-    """Sequential keeps its plan between calls; whatever the plan was made from may change."""
+    """Sequential keeps its plan between calls; whatever the plan was made from may change,
+    deep inside the model too (the kept plan is reused without a walk while the structure
+    token holds: these cases must each invalidate it)."""
+    import copy
+    import pickle
+
     rng = np.random.default_rng(7)
     model = _models(np.float32, rng)["recipe"]
     x = rng.standard_normal((9, 12)).astype(np.float32)
@@ -316,14 +324,55 @@ def test_the_kept_plan_follows_every_change_to_the_model(monkeypatch, change):
         model[1].register_forward_hook(lambda *args: None)
     elif change == "read-only-weight":
         model[3].weight.data.flags.writeable = False
+    elif change == "writeable-again":
+        model[3].weight.data.flags.writeable = False
+        _run(model, x, dy, True, True, monkeypatch, _fresh)     # kept: no plan (read-only)
+        model[3].weight.data.flags.writeable = True
+    elif change == "nested-new-module":
+        model[2].module[0] = _lin(16, 16, np.float32, rng)
+    elif change == "nested-hook":
+        calls = []
+        model[2].module[1].register_forward_hook(lambda *args: calls.append(1))
+    elif change == "new-parameter":
+        model[2].module[0].weight = lk.Parameter(rng.standard_normal((16, 16)).astype(np.float32))
+    elif change == "bias-removed":
+        model[2].module[0].bias = None
+    elif change == "deleted-and-appended":
+        last = model[3]
+        del model[3]
+        model.append(_lin(16, 3, np.float32, rng))
+        assert model[3] is not last
+    elif change == "new-class":
+        class Doubled(lk.Linear):
+            def vjp(self, x, input_grad=True):
+                y, backward = super().vjp(x, input_grad)
+                return 2 * y, lambda dy: backward(2 * dy)
+
+        model[2].module[0].__class__ = Doubled
+    elif change == "deepcopy":
+        model = copy.deepcopy(model)
+        model[0].weight.data = rng.standard_normal((16, 12)).astype(np.float32)
+    elif change == "pickle":
+        model = pickle.loads(pickle.dumps(model))
+        model[2].module[0].weight.data[...] = 0.5
     else:
         input_grad = False
+    chain, widths = lk.fast.kernels().chain, []
+    real = chain.chain_forward
+    monkeypatch.setattr(chain, "chain_forward",          # the width of each compiled output
+                        lambda *args: (widths.append(args[-1].shape[1]), real(*args))[1])
     fast = _run(model, x, dy, input_grad, True, monkeypatch, _fresh)
+    # the whole model (3 outputs, not the Residual's 16 alone) still runs compiled after every
+    # change but those the kernels do not take
+    assert (3 in widths) == (change not in ("hook", "nested-hook", "read-only-weight",
+                                            "new-class")), widths
     plain = _run(model, x, dy, input_grad, False, monkeypatch, _fresh)
     for a, b in zip(fast[:2], plain[:2]):
         _same(a, b)
     for a, b in zip(fast[2], plain[2]):
         _same(a, b)
+    if change == "nested-hook":
+        assert len(calls) == 2          # the hook fired on both runs: neither was compiled
 
 
 def test_a_kernel_numba_cannot_type_falls_back_to_the_thin_path(monkeypatch):

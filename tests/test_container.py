@@ -29,6 +29,31 @@ def test_sequential_indexing_slicing_len_append_insert():
     assert list(named.state_dict()) == ["fc.weight", "fc.bias"]
 
 
+@pytest.mark.parametrize("index", [1, -1, 0, slice(1, 3), slice(None, None, 2), slice(5, 9)])
+def test_del_and_pop_renumber_as_torch_does(index):
+    ours = lk.Sequential(OrderedDict([("fc", lk.Linear(2, 3)), ("act", lk.ReLU()),
+                                      ("out", lk.Linear(3, 3)), ("tanh", lk.Tanh())]))
+    theirs = torch.nn.Sequential(OrderedDict([("fc", torch.nn.Linear(2, 3)),
+                                              ("act", torch.nn.ReLU()),
+                                              ("out", torch.nn.Linear(3, 3)),
+                                              ("tanh", torch.nn.Tanh())]))
+    kept = [m for i, m in enumerate(ours) if i not in range(4)[index]
+            ] if isinstance(index, slice) else [m for i, m in enumerate(ours) if i != index % 4]
+    del ours[index]
+    del theirs[index]
+    assert list(ours) == kept
+    assert [n for n, _ in ours.named_children()] == [n for n, _ in theirs.named_children()]
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    assert all(getattr(ours, str(i)) is m for i, m in enumerate(ours))
+    assert not hasattr(ours, str(len(ours))) and not hasattr(ours, "fc")
+    if len(ours):
+        last = ours[-1]
+        assert ours.pop() is last and type(theirs.pop(-1)).__name__ == type(last).__name__
+        assert [n for n, _ in ours.named_children()] == [n for n, _ in theirs.named_children()]
+    with pytest.raises(IndexError, match="out of range"):
+        del ours[7]
+
+
 def test_residual_gradients_match_torch_and_shape_error():
     rng = np.random.default_rng(0)
     inner = lk.Linear(4, 4, dtype=np.float64, rng=rng)

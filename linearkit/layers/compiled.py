@@ -29,6 +29,7 @@ from _tracemalloc import is_tracing  # the C half of tracemalloc: no import cost
 
 import numpy as np
 
+from .. import _structure
 from .. import anomaly as _anomaly
 from .. import fast
 from .. import functional as F
@@ -102,7 +103,7 @@ def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None):
         if not type(err).__module__.startswith("numba"):
             raise
         if owner is not None:
-            object.__setattr__(owner, "_compiled_plan", (owner._compiled_plan[0], None))
+            owner._compiled_plan.plan = None
         return None
     last = flags[-1]
     mask = out if last & K.RELU and not last & K.RES_END else _nothing(dtype)
@@ -163,10 +164,18 @@ def plan_for(modules: list, x, input_grad: bool, trains, owner, min_rows: int = 
     """The kernels' plan for running ``modules`` on ``x`` (the one ``owner`` kept, or a new
     one), or None when the thin path must run: ``x`` not a C-contiguous, aligned, writeable 2-D
     float32/float64 array of at least ``min_rows`` rows, ``tracemalloc`` tracing, or a chain
-    or layout the kernels do not take (``_units``, ``_plan``)."""
+    or layout the kernels do not take (``_units``, ``_plan``).
+
+    While no module anywhere changed its structure or hooks (``_structure.token``) and none of
+    the plan's Parameters changed its array or flags, the kept plan is returned without walking
+    the modules again (``_Kept.fits``: ~0.4 us instead of ~2.5 for a three-layer MLP)."""
     if not (type(x) is np.ndarray and x.ndim == 2 and x.shape[0] >= min_rows and _plain(x)
             and fast.supports(x.dtype)) or is_tracing():
         return None
+    if owner is not None:
+        kept = owner.__dict__.get("_compiled_plan")
+        if kept is not None and kept.fits(x, input_grad):
+            return kept.plan
     units = []
     if not _units(modules, units, False):
         return None
@@ -207,7 +216,7 @@ def chain_forward(modules: list, x, owner):
     except Exception as err:       # numba could not type these arrays: the thin path, for good
         if not type(err).__module__.startswith("numba"):
             raise
-        object.__setattr__(owner, "_compiled_plan", (owner._compiled_plan[0], None))
+        owner._compiled_plan.plan = None
         return None
     return out
 
@@ -230,11 +239,35 @@ def _cached_plan(owner, units, x, input_grad: bool, trains) -> _Plan | None:
     if owner is None:
         return _plan(units, x, input_grad, trains)
     kept = owner.__dict__.get("_compiled_plan")
-    if kept is not None and kept[0] == key:
-        return kept[1]
-    plan = _plan(units, x, input_grad, trains)
-    object.__setattr__(owner, "_compiled_plan", (key, plan))
+    plan = kept.plan if kept is not None and kept.key == key else _plan(units, x, input_grad,
+                                                                        trains)
+    object.__setattr__(owner, "_compiled_plan", _Kept(key, plan, units, x, input_grad))
     return plan
+
+
+class _Kept:
+    """The plan a Sequential keeps (``_compiled_plan``), with what says it still fits: the
+    structure token it was made under, the input's dtype and width, ``input_grad``, and each
+    Parameter with the array, ``requires_grad`` and writeable flag it had."""
+
+    __slots__ = ("char", "input_grad", "key", "params", "plan", "token", "width")
+
+    def __init__(self, key: list, plan: _Plan | None, units, x, input_grad: bool):
+        self.key, self.plan, self.token = key, plan, _structure.token
+        self.char, self.width, self.input_grad = x.dtype.char, x.shape[1], input_grad
+        self.params = tuple((p, p.data, p.requires_grad, p.data.flags.writeable)
+                            for linear, _ in units for p in linear._parameters.values()
+                            if p is not None)
+
+    def fits(self, x, input_grad: bool) -> bool:
+        if (self.token is not _structure.token or x.shape[1] != self.width
+                or x.dtype.char != self.char or input_grad != self.input_grad):
+            return False
+        for p, data, requires_grad, writeable in self.params:
+            if (p.data is not data or p.requires_grad is not requires_grad
+                    or data.flags.writeable is not writeable):
+                return False
+        return True
 
 
 def _plan(units, x, input_grad: bool, trains) -> _Plan | None:

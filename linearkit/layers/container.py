@@ -24,7 +24,9 @@ class Sequential(Module):
 
     Accepts modules positionally (named ``0``, ``1``, …) or one ``OrderedDict`` of named modules.
     Supports indexing (``seq[-1]``), slicing (a new Sequential sharing the modules), ``len``,
-    iteration, ``append``, ``extend`` and ``insert``.
+    iteration, ``append``, ``extend``, ``insert``, ``del seq[i]`` / ``del seq[i:j]`` and
+    ``pop``; as in PyTorch, deleting renumbers the steps left ``0..n`` (names given in an
+    ``OrderedDict`` are not kept).
 
     Shape: whatever the chain maps — input of the first module -> output of the last.
     """
@@ -52,6 +54,16 @@ class Sequential(Module):
     def __setitem__(self, index: int, module: Module) -> None:
         self.add_module(self._index(index), module)
 
+    def __delitem__(self, index) -> None:
+        names = list(self._modules)[index] if isinstance(index, slice) else [self._index(index)]
+        self._renumber([m for name, m in self._modules.items() if name not in names])
+
+    def pop(self, index: int = -1) -> Module:
+        """Remove the step at ``index`` and return it; the steps left are renumbered."""
+        module = self[index]
+        del self[index]
+        return module
+
     def __len__(self) -> int:
         return len(self._modules)
 
@@ -77,11 +89,16 @@ class Sequential(Module):
         """Insert ``module`` before position ``index``; names are renumbered ``0..n``."""
         items = list(self._modules.values())
         items.insert(index, module)
+        self._renumber(items)
+        return self
+
+    def _renumber(self, items: list) -> None:
+        """Make ``items`` the steps, named ``0..n`` in order."""
         for name in list(self._modules):
             self._unregister(name)
+            self.__dict__.pop(name, None)
         for position, item in enumerate(items):
             self.add_module(str(position), item)
-        return self
 
     def forward(self, x):
         """Each child on the output of the one before. While nothing observes the children one
