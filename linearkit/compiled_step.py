@@ -150,7 +150,7 @@ def _run(kernels, kept, optimizer, group, x, y, rows, loss_fn, modes, t, set_to_
     ws, out, exps, row_sum, target_gap = kept.scratch_for(rows, dtype)
     try:
         total = kernels.train_step(
-            dtype.type(1), dtype.type(0), x, chain.weights, chain.biases, chain.flags_for(rows),
+            chain.one, chain.zero, x, chain.weights, chain.biases, chain.flags_for(rows),
             ws, out, targets, int(loss_fn.ignore_index), exps, row_sum, target_gap,
             1.0 / rows if mean else 1.0, kept.weight_grads, kept.bias_grads, modes,
             F._ones_vector(rows, dtype), kept.data, grads, arrays["exp_avg"],

@@ -50,10 +50,13 @@ class _Plan:
     """What the kernels need besides the arrays a backward keeps (bookkeeping, not memory the
     ledger counts as saved activations): the layers' arrays, flags and the largest GEMM."""
 
-    __slots__ = ("biases", "by_rows", "flags", "macs_per_row", "units", "weights", "ws_per_row")
+    __slots__ = ("biases", "by_rows", "flags", "macs_per_row", "one", "units", "weights",
+                 "ws_per_row", "zero")
 
     def __init__(self, units, weights, biases, flags, macs_per_row, ws_per_row):
         self.units, self.weights, self.biases, self.flags = units, weights, biases, flags
+        dtype = weights[0].dtype
+        self.one, self.zero = dtype.type(1), dtype.type(0)    # the GEMMs' alpha and beta
         self.macs_per_row = macs_per_row   # the largest layer's in * out
         self.ws_per_row = ws_per_row       # workspace elements per row of x
         self.by_rows = {}                  # rows -> flags_for(rows)
@@ -92,7 +95,7 @@ def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None):
     rows, dtype = x.shape[0], x.dtype
     flags = plan.flags_for(rows)
     macs = rows * plan.macs_per_row
-    one, zero = dtype.type(1), dtype.type(0)
+    one, zero = plan.one, plan.zero
     ws = np.empty(rows * plan.ws_per_row, dtype)
     out = np.empty((rows, plan.weights[-1].shape[0]), dtype)
     if macs >= _threads.switch_macs:
@@ -210,7 +213,7 @@ def chain_forward(modules: list, x, owner):
         _threads.before_gemm(macs)
     out = np.empty((rows, plan.weights[-1].shape[0]), dtype)
     try:
-        kernels.chain.chain_forward(dtype.type(1), dtype.type(0), x, plan.weights, plan.biases,
+        kernels.chain.chain_forward(plan.one, plan.zero, x, plan.weights, plan.biases,
                                     plan.flags_for(rows), np.empty(rows * plan.ws_per_row, dtype),
                                     out)
     except Exception as err:       # numba could not type these arrays: the thin path, for good
