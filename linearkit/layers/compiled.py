@@ -29,9 +29,8 @@ from _tracemalloc import is_tracing  # the C half of tracemalloc: no import cost
 
 import numpy as np
 
-from .. import _structure
+from .. import _structure, fast
 from .. import anomaly as _anomaly
-from .. import fast
 from .. import functional as F
 from .. import threads as _threads
 from ..fast import blas as _blas
