@@ -161,7 +161,7 @@ def test_reused_layer_sums_both_contributions():
     layer = lk.Linear(4, 4, dtype=np.float64, rng=rng)
     x = rng.standard_normal((3, 4))
     y1, b1 = layer.vjp(x)
-    y2, b2 = layer.vjp(y1)
+    _, b2 = layer.vjp(y1)
     dy = rng.standard_normal((3, 4))
     b1(b2(dy))
     twin = torch_twin(layer)
@@ -392,7 +392,7 @@ def test_lazy_linear_materializes_from_state_dict():
 
 def test_lazy_linear_vjp_and_same_init_as_linear():
     lazy = lk.LazyLinear(3, rng=np.random.default_rng(2))
-    y, backward = lazy.vjp(np.ones((2, 5), np.float32))
+    _, backward = lazy.vjp(np.ones((2, 5), np.float32))
     backward(np.ones((2, 3), np.float32))
     eager = lk.Linear(5, 3, rng=np.random.default_rng(2))
     np.testing.assert_array_equal(lazy.weight.data, eager.weight.data)
