@@ -310,6 +310,8 @@ def test_the_kept_plan_follows_every_change_to_the_model(monkeypatch, change):
     model = _models(np.float32, rng)["recipe"]
     x = rng.standard_normal((9, 12)).astype(np.float32)
     dy = rng.standard_normal((9, 3)).astype(np.float32)
+    # made before the plan is kept: swapping them in must invalidate it by itself
+    spare_hidden, spare_last = _lin(16, 16, np.float32, rng), _lin(16, 3, np.float32, rng)
     _run(model, x, dy, True, True, monkeypatch, _fresh)          # the plan is kept now
     input_grad = True
     if change == "freeze":
@@ -317,7 +319,7 @@ def test_the_kept_plan_follows_every_change_to_the_model(monkeypatch, change):
     elif change == "new-data":
         model[0].weight.data = rng.standard_normal((16, 12)).astype(np.float32)
     elif change == "new-module":
-        model[3] = _lin(16, 3, np.float32, rng)
+        model[3] = spare_last
     elif change == "fewer-rows":
         x, dy = x[:4], dy[:4]
     elif change == "hook":
@@ -329,7 +331,7 @@ def test_the_kept_plan_follows_every_change_to_the_model(monkeypatch, change):
         _run(model, x, dy, True, True, monkeypatch, _fresh)     # kept: no plan (read-only)
         model[3].weight.data.flags.writeable = True
     elif change == "nested-new-module":
-        model[2].module[0] = _lin(16, 16, np.float32, rng)
+        model[2].module[0] = spare_hidden
     elif change == "nested-hook":
         calls = []
         model[2].module[1].register_forward_hook(lambda *args: calls.append(1))
@@ -340,7 +342,7 @@ def test_the_kept_plan_follows_every_change_to_the_model(monkeypatch, change):
     elif change == "deleted-and-appended":
         last = model[3]
         del model[3]
-        model.append(_lin(16, 3, np.float32, rng))
+        model.append(spare_last)
         assert model[3] is not last
     elif change == "new-class":
         class Doubled(lk.Linear):
