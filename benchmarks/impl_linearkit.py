@@ -201,12 +201,33 @@ def mlp(rec) -> None:
 
         rec.time(f"train:{batch}", build, train=True, batch=batch)
     for batch in cases.MLP_INFER_BATCHES:
-        def build_infer(batch=batch):
+        def build_infer(batch=batch, kernels=True):
             model = build_model(sizes).eval()
             x = data.uniform((batch, sizes[0]), data.rng(2))
-            return lambda n: loop(n, lambda: model(x))
+            if kernels:
+                return lambda n: loop(n, lambda: model(x))
+            return lambda n: without_kernels(loop(n, lambda: model(x)))
 
         rec.time(f"infer:{batch}", build_infer, batch=batch)
+        rec.time(f"infer-no-kernels:{batch}", build_infer, batch, False, batch=batch)
+
+
+def without_kernels(run):
+    """``run`` under ``LINEARKIT_FAST=0``: linearkit's NumPy path, which a process that never
+    loaded the compiled kernels runs (inference alone never imports numba; or numba is absent),
+    here in a process whose training cases loaded them. Set once per repeat, not per call."""
+    def run_without_kernels():
+        before = os.environ.get("LINEARKIT_FAST")
+        os.environ["LINEARKIT_FAST"] = "0"
+        try:
+            run()
+        finally:
+            if before is None:
+                del os.environ["LINEARKIT_FAST"]
+            else:
+                os.environ["LINEARKIT_FAST"] = before
+
+    return run_without_kernels
 
 
 def recipe_parts():

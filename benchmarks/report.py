@@ -301,16 +301,24 @@ def mlp_sections(v: View):
         f"most {cases.MLP_GEMM_LIMIT}× at batch {cases.MLP_GEMM_BATCH}).")
     rows = []
     for batch in cases.MLP_INFER_BATCHES:
-        t = {fw: v.seconds("mlp", fw, f"infer:{batch}")
-             for fw in ("numpy", "linearkit", "torch", "jax")}
-        rows.append([str(batch)] + [f"{rate(div(batch, t[fw]))} ({us(t[fw])} µs)"
-                                    for fw in ("numpy", "linearkit", "torch", "jax")] +
-                    [ratio(v.ratio("mlp", (fw, f"infer:{batch}"), ("linearkit", f"infer:{batch}")))
-                     for fw in ("torch", "jax")])
+        runs = (("numpy", f"infer:{batch}"), ("linearkit", f"infer:{batch}"),
+                ("linearkit", f"infer-no-kernels:{batch}"), ("torch", f"infer:{batch}"),
+                ("jax", f"infer:{batch}"))
+        t = [v.seconds("mlp", *run) for run in runs]
+        torch_run = ("torch", f"infer:{batch}")
+        rows.append([str(batch)] + [f"{rate(div(batch, s))} ({us(s)} µs)" for s in t] +
+                    [ratio(v.ratio("mlp", torch_run, runs[1])),
+                     ratio(v.ratio("mlp", torch_run, runs[2])),
+                     ratio(v.ratio("mlp", ("jax", f"infer:{batch}"), runs[1]))])
     infer = _section(
         "4b. MLP 784-256-256-10 inference (samples/s, µs per call)",
-        ["batch", "NumPy", "linearkit", "PyTorch", "JAX jit", "lk / PT", "lk / JAX"], rows,
-        "Forward only: linearkit `model(x)` in eval mode; PyTorch under `inference_mode`.")
+        ["batch", "NumPy", "linearkit", "linearkit, no kernels", "PyTorch", "JAX jit",
+         "lk / PT", "lk no kernels / PT", "lk / JAX"], rows,
+        "Forward only: linearkit `model(x)` in eval mode; PyTorch under `inference_mode`. "
+        "*linearkit* runs the chain as one compiled call (fast.md), the kernels being loaded in "
+        "its process by the group's training cases; *no kernels* is the same call under "
+        "`LINEARKIT_FAST=0`, the NumPy path that a process running inference alone takes (a "
+        "forward never imports numba) and so does an install without the `fast` extra.")
     return [train, infer]
 
 
