@@ -51,6 +51,14 @@ def backoffs() -> int:
     return lk.threads.info()["backoffs"]
 
 
+def reduced() -> bool:
+    """Whether the BLAS-thread policy would give a large GEMM fewer threads than it may use on
+    an idle machine, as of its last look (--serve counts the timed repeats that started so: the
+    warm-up before them had not seen the machine idle again)."""
+    info = lk.threads.info()
+    return info["policy"] == "adaptive" and info["allowed_large"] < info["num_threads"]
+
+
 def layer(in_f: int, out_f: int):
     m = lk.Linear(in_f, out_f)
     w, b = data.linear_params(in_f, out_f, data.rng())

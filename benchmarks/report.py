@@ -183,20 +183,31 @@ def large_section(v: View):
         "jitted.", notes=_policy_notes(v, "large"))
 
 
+# what each per-case count of linearkit's BLAS-thread policy in --serve says (benchmarks/worker.py)
+_POLICY_COUNTS = {
+    "timed_backoffs": ("took threads away during timed repeats (the host or another process "
+                       "kept a core busy at one of its looks), times per round"),
+    "reduced_starts": ("had not given the threads back when a timed repeat started (its "
+                       "warm-up still saw a busy core), repeats per round"),
+}
+
+
 def _policy_notes(v: View, group: str) -> list[str]:
     """How often linearkit's BLAS-thread policy backed off during the timed repeats of
-    ``group``'s cases, per round: a repeat where it did ran some GEMMs on fewer threads."""
-    counts = []
-    for case, res in sorted(((v.worker(group, "linearkit") or {}).get("results") or {}).items()):
-        rounds = res.get("round_timed_backoffs") or [res.get("timed_backoffs")]
-        if any(rounds):
-            counts.append(f"{case} " + " / ".join("n/a" if c is None else str(c)
-                                                   for c in rounds))
-    if not counts:
-        return []
-    return ["linearkit's BLAS-thread policy took threads away during timed repeats (the host "
-            "or another process kept a core busy at one of its looks), times per round: "
-            + "; ".join(counts) + "."]
+    ``group``'s cases, and how many of those repeats started with it backed off, per round: a
+    repeat where either happened ran some GEMMs on fewer threads."""
+    results = sorted(((v.worker(group, "linearkit") or {}).get("results") or {}).items())
+    notes = []
+    for key, what in _POLICY_COUNTS.items():
+        counts = []
+        for case, res in results:
+            rounds = res.get(f"round_{key}") or [res.get(key)]
+            if any(rounds):
+                counts.append(f"{case} " + " / ".join("n/a" if c is None else str(c)
+                                                       for c in rounds))
+        if counts:
+            notes.append(f"linearkit's BLAS-thread policy {what}: " + "; ".join(counts) + ".")
+    return notes
 
 
 def precision_section(v: View):

@@ -117,9 +117,10 @@ def merge_rounds(outs: list[dict]) -> dict:
                                    for o in outs]
         best["round_repeats_s"] = [o.get("results", {}).get(case, {}).get("repeats_s")
                                    for o in outs]
-        if "timed_backoffs" in best:
-            best["round_timed_backoffs"] = [
-                o.get("results", {}).get(case, {}).get("timed_backoffs") for o in outs]
+        for key in ("timed_backoffs", "reduced_starts"):
+            if key in best:
+                best[f"round_{key}"] = [o.get("results", {}).get(case, {}).get(key)
+                                        for o in outs]
         results[case] = best
     for o in outs[1:]:
         for case, err in o.get("errors", {}).items():

@@ -72,7 +72,8 @@ class ServingRecorder(Recorder):
     """A Recorder that builds and calibrates each timed case but times it only on request
     (``--serve``): ``serve`` answers the parent's requests, one repeat each."""
 
-    def __init__(self, cfg: dict, warm_s: float = 0.0, warm_calls: int = 1, backoffs=None):
+    def __init__(self, cfg: dict, warm_s: float = 0.0, warm_calls: int = 1, backoffs=None,
+                 reduced=None):
         super().__init__(cfg)
         self.cases: dict[str, tuple] = {}   # case -> (prepare, n, gc_off, meta, times)
         self.whole: dict[str, tuple] = {}   # case -> (once, steps, times): whole runs
@@ -82,6 +83,10 @@ class ServingRecorder(Recorder):
         # (linearkit's); each case records how often it did during its timed repeats
         self.backoffs = backoffs
         self.timed_backoffs: dict[str, int] = {}
+        # reduced() -> whether that policy has fewer threads for a large GEMM than when idle;
+        # each case counts its timed repeats that started so
+        self.reduced = reduced
+        self.reduced_starts: dict[str, int] = {}
 
     def time(self, case: str, build, *args, train: bool = False, **meta) -> None:
         try:
@@ -109,6 +114,8 @@ class ServingRecorder(Recorder):
             repeat(prepare, 1, gc_off)
             calls += 1
         before = self.backoffs() if self.backoffs else 0
+        if self.reduced:
+            self.reduced_starts[case] = self.reduced_starts.get(case, 0) + self.reduced()
         times.append(repeat(prepare, n, gc_off))
         if self.backoffs:
             self.timed_backoffs[case] = (self.timed_backoffs.get(case, 0)
@@ -133,6 +140,8 @@ class ServingRecorder(Recorder):
                 self.results[case] = {**summary(times, n), **meta}
                 if case in self.timed_backoffs:
                     self.results[case]["timed_backoffs"] = self.timed_backoffs[case]
+                if case in self.reduced_starts:
+                    self.results[case]["reduced_starts"] = self.reduced_starts[case]
         for case, (_, steps, times) in self.whole.items():
             if times and case not in self.errors:
                 self.results[case] = run_stats(times, steps)
@@ -164,7 +173,8 @@ def run(framework: str, group: str, quick: bool | str, serve=None) -> dict:
     smoke = quick == "smoke"
     rec = Recorder(cfg) if serve is None else ServingRecorder(
         cfg, 0.0 if smoke else getattr(impl, "SERVE_WARM_S", 0.0),
-        1 if smoke else getattr(impl, "SERVE_WARM_CALLS", 1), getattr(impl, "backoffs", None))
+        1 if smoke else getattr(impl, "SERVE_WARM_CALLS", 1), getattr(impl, "backoffs", None),
+        getattr(impl, "reduced", None))
     try:
         fn(rec)
     except Exception as err:  # noqa: BLE001 - e.g. a missing API: the whole group fails
