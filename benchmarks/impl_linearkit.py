@@ -44,19 +44,16 @@ def info() -> dict:
     return {"linearkit": lk.__version__, "path": lk.__file__}
 
 
-def backoffs() -> int:
-    """How often the BLAS-thread policy has taken threads away so far (--serve records how
-    often it did during each case's timed repeats: the host or another process kept a core
-    busy, and some GEMMs ran on fewer threads than NumPy's, which always use every core)."""
-    return lk.threads.info()["backoffs"]
-
-
-def reduced() -> bool:
-    """Whether the BLAS-thread policy would give a large GEMM fewer threads than it may use on
-    an idle machine, as of its last look (--serve counts the timed repeats that started so: the
-    warm-up before them had not seen the machine idle again)."""
+def policy_state() -> dict:
+    """The BLAS-thread policy as --serve follows it around each case's timed repeats:
+    ``backoffs``, how often it has taken threads away so far (the host or another process kept
+    a core busy, and some GEMMs ran on fewer threads than NumPy's, which always use every
+    core), and ``reduced``, whether a large GEMM would get fewer threads than on an idle
+    machine as of its last look (a repeat starting so: its warm-up had not seen the machine
+    idle again)."""
     info = lk.threads.info()
-    return info["policy"] == "adaptive" and info["allowed_large"] < info["num_threads"]
+    return {"backoffs": info["backoffs"],
+            "reduced": info["policy"] == "adaptive" and info["allowed_large"] < info["num_threads"]}
 
 
 def layer(in_f: int, out_f: int):

@@ -315,12 +315,12 @@ def mlp_sections(v: View):
         runs = (("numpy", f"infer:{batch}"), ("linearkit", f"infer:{batch}"),
                 ("linearkit", f"infer-no-kernels:{batch}"), ("torch", f"infer:{batch}"),
                 ("jax", f"infer:{batch}"))
-        t = [v.seconds("mlp", *run) for run in runs]
-        torch_run = ("torch", f"infer:{batch}")
-        rows.append([str(batch)] + [f"{rate(div(batch, s))} ({us(s)} µs)" for s in t] +
-                    [ratio(v.ratio("mlp", torch_run, runs[1])),
-                     ratio(v.ratio("mlp", torch_run, runs[2])),
-                     ratio(v.ratio("mlp", ("jax", f"infer:{batch}"), runs[1]))])
+        _, ours, ours_no_kernels, torch_run, jax_run = runs
+        rows.append([str(batch)] + [f"{rate(div(batch, s))} ({us(s)} µs)"
+                                    for s in (v.seconds("mlp", *run) for run in runs)] +
+                    [ratio(v.ratio("mlp", torch_run, ours)),
+                     ratio(v.ratio("mlp", torch_run, ours_no_kernels)),
+                     ratio(v.ratio("mlp", jax_run, ours))])
     infer = _section(
         "4b. MLP 784-256-256-10 inference (samples/s, µs per call)",
         ["batch", "NumPy", "linearkit", "linearkit, no kernels", "PyTorch", "JAX jit",

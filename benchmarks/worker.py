@@ -72,21 +72,18 @@ class ServingRecorder(Recorder):
     """A Recorder that builds and calibrates each timed case but times it only on request
     (``--serve``): ``serve`` answers the parent's requests, one repeat each."""
 
-    def __init__(self, cfg: dict, warm_s: float = 0.0, warm_calls: int = 1, backoffs=None,
-                 reduced=None):
+    def __init__(self, cfg: dict, warm_s: float = 0.0, warm_calls: int = 1, policy=None):
         super().__init__(cfg)
         self.cases: dict[str, tuple] = {}   # case -> (prepare, n, gc_off, meta, times)
         self.whole: dict[str, tuple] = {}   # case -> (once, steps, times): whole runs
         # untimed iterations before each repeat: at least warm_calls, for warm_s seconds at least
         self.warm_s, self.warm_calls = warm_s, warm_calls
-        # backoffs() -> how often the implementation's thread policy has backed off so far
-        # (linearkit's); each case records how often it did during its timed repeats
-        self.backoffs = backoffs
-        self.timed_backoffs: dict[str, int] = {}
-        # reduced() -> whether that policy has fewer threads for a large GEMM than when idle;
-        # each case counts its timed repeats that started so
-        self.reduced = reduced
-        self.reduced_starts: dict[str, int] = {}
+        # policy() -> the implementation's thread policy (linearkit's): {"backoffs": how often
+        # it has backed off so far, "reduced": whether it has fewer threads for a large GEMM
+        # than when idle}; each case counts the backoffs during its timed repeats and the
+        # repeats that started reduced
+        self.policy = policy
+        self.policy_counts: dict[str, dict[str, int]] = {}
 
     def time(self, case: str, build, *args, train: bool = False, **meta) -> None:
         try:
@@ -113,13 +110,13 @@ class ServingRecorder(Recorder):
         while calls < self.warm_calls or time.perf_counter() < warm_until:
             repeat(prepare, 1, gc_off)
             calls += 1
-        before = self.backoffs() if self.backoffs else 0
-        if self.reduced:
-            self.reduced_starts[case] = self.reduced_starts.get(case, 0) + self.reduced()
+        before = self.policy() if self.policy else None
         times.append(repeat(prepare, n, gc_off))
-        if self.backoffs:
-            self.timed_backoffs[case] = (self.timed_backoffs.get(case, 0)
-                                         + self.backoffs() - before)
+        if before is not None:
+            counts = self.policy_counts.setdefault(case, {"timed_backoffs": 0,
+                                                          "reduced_starts": 0})
+            counts["timed_backoffs"] += self.policy()["backoffs"] - before["backoffs"]
+            counts["reduced_starts"] += before["reduced"]
         return times[-1]
 
     def serve(self, requests, answer) -> None:
@@ -138,10 +135,7 @@ class ServingRecorder(Recorder):
         for case, (_, n, _, meta, times) in self.cases.items():
             if times and case not in self.errors:
                 self.results[case] = {**summary(times, n), **meta}
-                if case in self.timed_backoffs:
-                    self.results[case]["timed_backoffs"] = self.timed_backoffs[case]
-                if case in self.reduced_starts:
-                    self.results[case]["reduced_starts"] = self.reduced_starts[case]
+                self.results[case].update(self.policy_counts.get(case, {}))
         for case, (_, steps, times) in self.whole.items():
             if times and case not in self.errors:
                 self.results[case] = run_stats(times, steps)
@@ -173,8 +167,7 @@ def run(framework: str, group: str, quick: bool | str, serve=None) -> dict:
     smoke = quick == "smoke"
     rec = Recorder(cfg) if serve is None else ServingRecorder(
         cfg, 0.0 if smoke else getattr(impl, "SERVE_WARM_S", 0.0),
-        1 if smoke else getattr(impl, "SERVE_WARM_CALLS", 1), getattr(impl, "backoffs", None),
-        getattr(impl, "reduced", None))
+        1 if smoke else getattr(impl, "SERVE_WARM_CALLS", 1), getattr(impl, "policy_state", None))
     try:
         fn(rec)
     except Exception as err:  # noqa: BLE001 - e.g. a missing API: the whole group fails

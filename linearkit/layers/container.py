@@ -95,8 +95,7 @@ class Sequential(Module):
     def _renumber(self, items: list) -> None:
         """Make ``items`` the steps, named ``0..n`` in order."""
         for name in list(self._modules):
-            self._unregister(name)
-            self.__dict__.pop(name, None)
+            delattr(self, name)
         for position, item in enumerate(items):
             self.add_module(str(position), item)
 
