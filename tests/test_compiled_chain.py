@@ -153,6 +153,37 @@ def test_weight_first_gemms_keep_the_thin_paths_bits(monkeypatch, rows, grads):
         assert picked == [True, True, True, False]      # the path under test is taken
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("grads", ["fresh", "holding"])
+def test_bias_first_gemms_keep_the_thin_paths_bits(monkeypatch, dtype, grads):
+    """A large output (1024 rows x 256): the layers whose GEMM functional.linear makes add the
+    bias get BIAS_FIRST in the kernel too (with ReLU after, inside a Residual, and the last
+    layer without ReLU); K = 1024 makes the order show in the bits."""
+    from linearkit import functional as F
+    from linearkit.fast import chain_flags
+
+    rng = np.random.default_rng(11)
+    model = lk.Sequential(_lin(1024, 256, dtype, rng), lk.ReLU(),
+                          lk.Residual(lk.Sequential(_lin(256, 256, dtype, rng), lk.ReLU())),
+                          _lin(256, 256, dtype, rng), _lin(256, 10, dtype, rng))
+    x = rng.standard_normal((1024, 1024)).astype(dtype)
+    dy = rng.standard_normal((1024, 10)).astype(dtype)
+    count = _Count(monkeypatch)
+    # One fixed BLAS thread count: the chain sets one count for all its GEMMs (its largest's),
+    # the thin path one per GEMM, and OpenBLAS's bits depend on it (docs/threads.md)
+    with lk.threads.num_threads(1):
+        fast = _run(model, x, dy, True, True, monkeypatch, GRADS[grads])
+        plain = _run(model, x, dy, True, False, monkeypatch, GRADS[grads])
+    assert count.calls == 1
+    for a, b in zip(fast[:2] + tuple(fast[2]), plain[:2] + tuple(plain[2])):
+        _same(a, b)
+    flags = model._compiled_plan.plan.flags_for(1024)
+    assert [bool(f & chain_flags.BIAS_FIRST) for f in flags] == [True, True, True, False]
+    first = model[0]
+    assert F._bias_first_gemm(1024, x.dtype, first.weight.data, first.bias.data) is not None
+    assert not np.array_equal(first(x), np.dot(x, first.weight.data.T) + first.bias.data)
+
+
 def test_training_steps_match_the_thin_path_bitwise(monkeypatch):
     """Twenty Adam steps of the recipe's shape (zero_grad in place, as the README's loop)."""
     results = []

@@ -77,6 +77,33 @@ def test_thin_path_is_bitwise_the_guarded_chain(monkeypatch, fast_env, dtype, na
 
 
 @pytest.mark.parametrize("fast_env", ["1", "0"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_large_output_adds_its_bias_in_the_gemm_fused_too(monkeypatch, fast_env, dtype):
+    """1024 rows through 1024 -> 256: the GEMM adds the bias (functional._bias_first), in
+    Linear's forward and in the fused Linear -> ReLU alike; K = 1024 spans several of
+    OpenBLAS's K-blocks, so adding it afterwards would change bits (checked first)."""
+    from linearkit import functional as F
+
+    monkeypatch.setenv("LINEARKIT_FAST", fast_env)
+    rng = np.random.default_rng(1)
+    model = lk.Sequential(lk.Linear(1024, 256, dtype=dtype, rng=rng), lk.ReLU(),
+                          lk.Linear(256, 4, dtype=dtype, rng=rng))
+    x = rng.standard_normal((1024, 1024)).astype(dtype)
+    first = model[0]
+    if F._bias_first_gemm(1024, x.dtype, first.weight.data, first.bias.data) is None:
+        pytest.skip("NumPy's BLAS is not the ILP64 OpenBLAS fast/blas.py binds")
+    added_after = np.dot(x, first.weight.data.T) + first.bias.data
+    assert not np.array_equal(first(x), added_after)
+    dy = rng.standard_normal((1024, 4)).astype(dtype)
+    with lk.threads.num_threads(1):     # OpenBLAS's bits depend on it (docs/threads.md)
+        thin = _run(model, x, dy, True, True, monkeypatch)
+        guarded = _run(model, x, dy, True, False, monkeypatch)
+        _same(thin[0], model(x))
+    for a, b in zip(thin[:2] + tuple(thin[2]), guarded[:2] + tuple(guarded[2])):
+        _same(a, b)
+
+
+@pytest.mark.parametrize("fast_env", ["1", "0"])
 @pytest.mark.parametrize("dtype", DTYPES + ["bfloat16"])
 @pytest.mark.parametrize("name", ["mlp", "recipe", "no-bias+others", "relu-first"])
 @pytest.mark.parametrize("lead", [(5,), (1,), (2, 3), ()])

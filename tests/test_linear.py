@@ -110,25 +110,104 @@ def test_weight_first_only_where_the_kernel_gives_np_dots_bits(monkeypatch):
 @pytest.mark.parametrize("lead", [(64,), (4, 16)])
 def test_large_output_goes_through_matmul_with_np_dots_bits(monkeypatch, dtype, lead):
     """From _DOT_MAX_OUT output elements the forward calls np.matmul (np.dot would zero the
-    large y first); below it np.dot. The values are np.dot's to the bit either way."""
+    large y first); below it np.dot. The values are np.dot's to the bit either way. (With a
+    bias, a large output takes the bias-first GEMM: the next tests.)"""
     rng = np.random.default_rng(5)
     out_f = F._DOT_MAX_OUT // 64   # 64 rows: exactly _DOT_MAX_OUT output elements
     w = rng.standard_normal((out_f, 8)).astype(dtype)
-    b = rng.standard_normal(out_f).astype(dtype)
     x = rng.standard_normal(lead + (8,)).astype(dtype)
     calls = []
     real_dot, real_matmul = np.dot, np.matmul
     monkeypatch.setattr(F.np, "dot", lambda *a, **k: calls.append("dot") or real_dot(*a, **k))
     monkeypatch.setattr(F.np, "matmul",
                         lambda *a, **k: calls.append("matmul") or real_matmul(*a, **k))
-    y = F.linear(x, w, b)
+    y = F.linear(x, w)
     assert calls == ["matmul"]
-    expected = real_dot(x.reshape(64, 8), w.T) + b
+    expected = real_dot(x.reshape(64, 8), w.T)
     assert y.shape == lead + (out_f,)
     assert np.array_equal(y.reshape(64, out_f), expected)
     calls.clear()
-    F.linear(x.reshape(64, 8)[:63], w, b)   # under the threshold (63 rows: no weight-first)
+    F.linear(x.reshape(64, 8)[:63], w)   # under the threshold (63 rows: no weight-first)
     assert calls == ["dot"]
+
+
+def _spy_bias_first(monkeypatch):
+    calls = []
+    real = F._linear_bias_first
+    monkeypatch.setattr(F, "_linear_bias_first",
+                        lambda *a: calls.append(a[2].shape) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lead", [(64,), (4, 16)])
+def test_large_output_adds_the_bias_in_the_gemm(monkeypatch, dtype, lead):
+    """From _BIAS_FIRST_MIN_OUT output elements (and 2 rows) the bias is written into y first
+    and the GEMM adds into it. With K inside one of OpenBLAS's K-blocks each sum is then
+    ``b + x·w`` in one rounding: np.dot's bits plus b, exactly (which checks every argument of
+    the BLAS call). One output fewer keeps ``x @ W.T; y += b``."""
+    if F._bias_first_gemm(64, np.dtype(dtype), np.empty((1 << 18, 1), dtype),
+                          np.empty(1 << 18, dtype)) is None:
+        pytest.skip("NumPy's BLAS is not the ILP64 OpenBLAS fast/blas.py binds")
+    rng = np.random.default_rng(6)
+    out_f = F._BIAS_FIRST_MIN_OUT // 64
+    w = rng.standard_normal((out_f, 24)).astype(dtype)
+    b = rng.standard_normal(out_f).astype(dtype)
+    x = rng.standard_normal(lead + (24,)).astype(dtype)
+    calls = _spy_bias_first(monkeypatch)
+    y = F.linear(x, w, b)
+    assert calls == [w.shape] and y.shape == lead + (out_f,) and y.flags.c_contiguous
+    assert y.tobytes() == (np.dot(x.reshape(64, 24), w.T) + b).tobytes()
+    # other layouts of x and W (copied, as np.matmul would): the same bits
+    for x_other, w_other in ((np.asfortranarray(x.reshape(64, 24)), w),
+                             (x.reshape(64, 24)[::-1][::-1], np.asfortranarray(w))):
+        assert F.linear(x_other, w_other, b).tobytes() == y.reshape(64, out_f).tobytes()
+    calls.clear()
+    F.linear(x.reshape(64, 24), w[:-1], b[:-1])       # one output under the threshold
+    F.linear(x.reshape(64, 24), w)                    # no bias
+    F.linear(x.reshape(64, 24), w, b.astype(np.float16))    # mixed dtypes: NumPy promotes
+    assert calls == []
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bias_first_gemm_over_many_k_blocks_is_as_accurate_and_matches_torch(monkeypatch, dtype):
+    """K = 1024 spans several of OpenBLAS's K-blocks: the sums start from b, so the bits
+    differ from ``x @ W.T + b`` (as PyTorch's addmm does); the error against a float64
+    reference stays that of the other order, and the layer matches torch in every gradient."""
+    rng = np.random.default_rng(7)
+    layer = lk.Linear(1024, 512, dtype=dtype, rng=rng)
+    x = (rng.standard_normal((2, 256, 1024)) / 8).astype(dtype)   # dW's sums of 512 stay ~O(1)
+    dy = (rng.standard_normal((2, 256, 512)) / 8).astype(dtype)
+    calls = _spy_bias_first(monkeypatch)
+    ours, theirs = run_both(layer, x, dy)
+    if not calls:
+        pytest.skip("NumPy's BLAS is not the ILP64 OpenBLAS fast/blas.py binds")
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(torch.from_numpy(np.asarray(a)), b.detach())
+    w, b = layer.weight.data, layer.bias.data
+    x2, y = x.reshape(-1, 1024), ours[0].reshape(-1, 512)
+    other = np.dot(x2, w.T) + b
+    assert not np.array_equal(y, other)             # the other order, measurably
+    if np.finfo(np.longdouble).eps >= np.finfo(np.float64).eps:
+        return                                      # no wider type to measure the error with
+    wide = np.longdouble
+    exact = x2[:64].astype(wide) @ w.T.astype(wide) + b.astype(wide)   # 64 rows: ~0.1 s
+    err, err_other = np.abs(y[:64] - exact).mean(), np.abs(other[:64] - exact).mean()
+    assert err <= 1.1 * err_other
+
+
+def test_bias_first_needs_numpys_blas_bound(monkeypatch):
+    """No binding (another BLAS, or its check failed): ``x @ W.T; y += b``, np.dot's bits."""
+    from linearkit.fast import blas
+
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((4096, 300)).astype(np.float32)
+    b = rng.standard_normal(4096).astype(np.float32)
+    x = rng.standard_normal((64, 300)).astype(np.float32)
+    monkeypatch.setattr(blas, "functions", lambda dtype: None)
+    calls = _spy_bias_first(monkeypatch)
+    y = F.linear(x, w, b)
+    assert calls == [] and y.tobytes() == (np.dot(x, w.T) + b).tobytes()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -4,7 +4,8 @@ and one compiled backward (``fast.kernels()`` only; the plan is made in layers/c
 Every GEMM and GEMV is the very BLAS call NumPy makes (``fast/blas.py``: NumPy's own library,
 same arguments), and every elementwise step is the NumPy path's operation in its order, with
 ``fastmath=False``: the outputs, ``dx`` and every gradient have the thin path's bits
-(tests/test_compiled_chain.py runs both). What the chain saves is the Python between the calls:
+(tests/test_compiled_chain.py runs both) under one BLAS thread count (OpenBLAS's bits depend on
+it, and the chain sets its largest GEMM's count for all of them: docs/fast.md). What the chain saves is the Python between the calls:
 ~3-5 us per NumPy call and per closure, about 40 of them in the recipe's step.
 
 Layer ``i`` of the chain is ``weights[i] (out, in)``, ``biases[i] (out,)`` and ``flags[i]``,
@@ -26,7 +27,17 @@ from numba.extending import overload
 
 from . import blas as _blas
 from .blas import NO_TRANS, ROW_MAJOR, TRANS
-from .chain_flags import BIAS, NEED_DB, NEED_DW, NEED_DX, RELU, RES_END, RES_START, WEIGHT_FIRST
+from .chain_flags import (
+    BIAS,
+    BIAS_FIRST,
+    NEED_DB,
+    NEED_DW,
+    NEED_DX,
+    RELU,
+    RES_END,
+    RES_START,
+    WEIGHT_FIRST,
+)
 from .elementwise_kernel import bias_relu_, relu_, relu_backward_into
 
 __all__ = ["chain_backward", "chain_forward"]
@@ -129,11 +140,22 @@ def chain_forward(one, zero, x, weights, biases, flags, ws, out):
             # one row: np.dot's GEMV, y = W @ x (a forward only; the backward takes 2 rows up)
             gemv(ROW_MAJOR, NO_TRANS, n_out, n_in, one, w.ctypes.data, n_in, a.ctypes.data, 1,
                  zero, z.ctypes.data, 1)
+        elif f & BIAS_FIRST:
+            # y = b, then y += x @ W.T in the GEMM: functional._linear_bias_first's call
+            b = biases[i]
+            for r in range(rows):
+                for c in range(n_out):
+                    z[r, c] = b[c]
+            gemm(ROW_MAJOR, NO_TRANS, TRANS, rows, n_out, n_in, one, a.ctypes.data, n_in,
+                 w.ctypes.data, n_in, one, z.ctypes.data, n_out)
         else:
             # y = x @ W.T: np.dot's call for a C-contiguous x and the transposed view of W
             gemm(ROW_MAJOR, NO_TRANS, TRANS, rows, n_out, n_in, one, a.ctypes.data, n_in,
                  w.ctypes.data, n_in, zero, z.ctypes.data, n_out)
-        if f & RELU:
+        if f & BIAS_FIRST:
+            if f & RELU:
+                relu_(z)
+        elif f & RELU:
             if f & BIAS:
                 bias_relu_(z, biases[i])
             else:

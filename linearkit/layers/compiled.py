@@ -62,7 +62,9 @@ class _Plan:
 
     def flags_for(self, rows: int) -> np.ndarray:
         """``flags`` for an input of ``rows`` rows: WEIGHT_FIRST added to each layer whose
-        forward GEMM ``functional.linear`` computes as ``(W @ x.T).T`` at that many rows."""
+        forward GEMM ``functional.linear`` computes as ``(W @ x.T).T`` at that many rows,
+        BIAS_FIRST to each whose GEMM adds its bias (the kernels run only on a BLAS
+        ``functional._bias_first_gemm`` binds, with one float dtype)."""
         flags = self.by_rows.get(rows)
         if flags is None:
             flags = self.flags.copy()
@@ -70,6 +72,8 @@ class _Plan:
                 n_out, n_in = w.shape
                 if F._weight_first(rows, n_in, n_out, w.dtype, w.dtype):
                     flags[i] |= K.WEIGHT_FIRST
+                elif flags[i] & K.BIAS and F._bias_first(rows, n_out):
+                    flags[i] |= K.BIAS_FIRST
             if len(self.by_rows) >= 8:       # batch sizes seen: a few, bounded anyway
                 self.by_rows.clear()
             self.by_rows[rows] = flags

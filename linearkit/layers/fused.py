@@ -20,6 +20,8 @@ both). A custom module, a container, or a layer with hooks goes through its guar
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import anomaly as _anomaly
@@ -129,8 +131,14 @@ def _linear_relu_vjp(linear: Linear, x, input_grad: bool):
 
 def _linear_relu(x, w, b, kernels):
     """``relu(x @ W.T + b)`` into the GEMM's fresh output, in place (one compiled pass when
-    ``kernels``; else ``y += b`` and ``np.maximum(y, 0, out=y)``: the same bits)."""
-    y = F.linear(x, w.data, None)
+    ``kernels``; else ``y += b`` and ``np.maximum(y, 0, out=y)``: the same bits). A large
+    output whose GEMM adds the bias (``functional._bias_first``) gets the ReLU alone."""
+    if b is not None and x.ndim > 1 and F._bias_first_gemm(
+            math.prod(x.shape[:-1]), x.dtype, w.data, b.data) is not None:
+        y = F.linear(x, w.data, b.data)
+        b = None
+    else:
+        y = F.linear(x, w.data, None)
     y2 = y.reshape(-1, y.shape[-1]) if y.ndim != 2 else y
     if kernels is not None and y2.flags.c_contiguous:
         if b is None:
