@@ -82,7 +82,7 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
         if out_features >= _FEW_ROWS_MIN_OUT and _weight_first(
                 x2.shape[0], in_features, out_features, x2.dtype, weight.dtype):
             return _linear_weight_first(x, x2, weight, bias)
-        if bias is not None:
+        if bias is not None and x2.shape[0] * out_features >= _BIAS_FIRST_MIN_OUT:
             gemm = _bias_first_gemm(x2.shape[0], x2.dtype, weight, bias)
             if gemm is not None:
                 return _linear_bias_first(x, x2, weight, bias, gemm)
@@ -164,8 +164,8 @@ def _linear_weight_first(x, x2, weight, bias):
 # A large output: NumPy's ``y = x @ W.T; y += b`` makes three passes over y besides the GEMM's
 # own (OpenBLAS zeroes C for beta = 0, then ``+= b`` reads and writes it). Writing the bias into
 # y first and letting the GEMM add into it (beta = 1, as PyTorch's addmm does) makes one. From
-# 2^18 output elements (1 MiB of float32) it measured 0.5-30% faster on 2-core EPYC, on every
-# shape tried (3.5% on the (64, 128, 1024) -> 4096 example: 177.8 against 184.4 ms, medians of
+# 2^18 output elements (1 MiB of float32) it measured 2-31% faster in float32 on the 2-core
+# EPYC (docs/fast.md; the (64, 128, 1024) -> 4096 example: 177.8 against 184.4 ms, medians of
 # 15); below, y stays in cache and it gains nothing. The sums start from b instead of adding it
 # last: the same bits while K fits one of OpenBLAS's K-blocks (256 in: identical), other
 # roundings past it, as accurate (mean error against float64 on the example: 7.9e-8 against

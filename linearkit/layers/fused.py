@@ -133,8 +133,8 @@ def _linear_relu(x, w, b, kernels):
     """``relu(x @ W.T + b)`` into the GEMM's fresh output, in place (one compiled pass when
     ``kernels``; else ``y += b`` and ``np.maximum(y, 0, out=y)``: the same bits). A large
     output whose GEMM adds the bias (``functional._bias_first``) gets the ReLU alone."""
-    if b is not None and x.ndim > 1 and F._bias_first_gemm(
-            math.prod(x.shape[:-1]), x.dtype, w.data, b.data) is not None:
+    if b is not None and x.ndim > 1 and x.size * w.data.shape[0] >= F._BIAS_FIRST_MIN_OUT \
+            and F._bias_first_gemm(math.prod(x.shape[:-1]), x.dtype, w.data, b.data) is not None:
         y = F.linear(x, w.data, b.data)
         b = None
     else:
