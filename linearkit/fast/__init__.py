@@ -88,8 +88,11 @@ def kernels():
 
 def loaded():
     """``kernels()`` if an earlier call already imported them, else None: never imports numba
-    (for a plain forward, where a kernel saves ~1 us and importing numba costs ~0.3 s)."""
-    return (_loaded or None) if enabled() else None
+    (for a plain forward, where a kernel saves ~1 us and importing numba costs ~0.3 s). The
+    environment is read only once they are loaded (a forward asks up to three times)."""
+    if not _loaded:
+        return None
+    return _loaded if enabled() else None
 
 
 def supports(dtype) -> bool:
