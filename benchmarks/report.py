@@ -179,8 +179,10 @@ def large_section(v: View):
         "`dy2 @ W`, `dy2.T @ x2`, `dy2.sum(0)`), the contract of `layer(x)` and of PyTorch. "
         "NumPy out=: the same GEMMs into preallocated buffers, which no layer returning its "
         "result can do; the difference is the cost of fresh pages. linearkit: `layer(x)`; `vjp` "
-        "+ `backward(dy)` + `zero_grad()`. PyTorch: `F.linear` (no_grad) and autograd. JAX: "
-        "jitted.", notes=_policy_notes(v, "large"))
+        "+ `backward(dy)` + `zero_grad()`; its forward writes b into the fresh y and lets the "
+        "GEMM add into it (one pass over y where NumPy's way makes three: docs/fast.md). "
+        "PyTorch: `F.linear` (no_grad) and autograd. JAX: jitted.",
+        notes=_policy_notes(v, "large"))
 
 
 # what each per-case count of linearkit's BLAS-thread policy in --serve says (benchmarks/worker.py)
