@@ -5,8 +5,9 @@ Every GEMM and GEMV is the very BLAS call NumPy makes (``fast/blas.py``: NumPy's
 same arguments), and every elementwise step is the NumPy path's operation in its order, with
 ``fastmath=False``: the outputs, ``dx`` and every gradient have the thin path's bits
 (tests/test_compiled_chain.py runs both) under one BLAS thread count (OpenBLAS's bits depend on
-it, and the chain sets its largest GEMM's count for all of them: docs/fast.md). What the chain saves is the Python between the calls:
-~3-5 us per NumPy call and per closure, about 40 of them in the recipe's step.
+it, and the chain sets its largest GEMM's count for all of them: docs/fast.md). What the chain
+saves is the Python between the calls: ~3-5 us per NumPy call and per closure, about 40 of them
+in the recipe's step.
 
 Layer ``i`` of the chain is ``weights[i] (out, in)``, ``biases[i] (out,)`` and ``flags[i]``,
 a sum of fast/chain_flags.py's bits. ``ws`` (1-D, ``chain_flags.workspace_per_row`` elements
