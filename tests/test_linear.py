@@ -143,9 +143,9 @@ def _spy_bias_first(monkeypatch):
 @pytest.mark.parametrize("lead", [(64,), (4, 16)])
 def test_large_output_adds_the_bias_in_the_gemm(monkeypatch, dtype, lead):
     """From _BIAS_FIRST_MIN_OUT output elements (and 2 rows) the bias is written into y first
-    and the GEMM adds into it. With K inside one of OpenBLAS's K-blocks each sum is then
-    ``b + x·w`` in one rounding: np.dot's bits plus b, exactly (which checks every argument of
-    the BLAS call). One output fewer keeps ``x @ W.T; y += b``."""
+    and the GEMM adds into it. With K inside one of OpenBLAS's K-blocks the GEMM adds each dot
+    product to b once, at the end: exactly ``np.dot(x, W.T) + b`` (which checks every argument
+    of the BLAS call). One output fewer keeps ``x @ W.T; y += b``."""
     if F._bias_first_gemm(64, np.dtype(dtype), np.empty((1 << 18, 1), dtype),
                           np.empty(1 << 18, dtype)) is None:
         pytest.skip("NumPy's BLAS is not the ILP64 OpenBLAS fast/blas.py binds")
@@ -159,8 +159,10 @@ def test_large_output_adds_the_bias_in_the_gemm(monkeypatch, dtype, lead):
     assert calls == [w.shape] and y.shape == lead + (out_f,) and y.flags.c_contiguous
     assert y.tobytes() == (np.dot(x.reshape(64, 24), w.T) + b).tobytes()
     # other layouts of x and W (copied, as np.matmul would): the same bits
+    strided = np.repeat(x.reshape(64, 24), 2, axis=1)[:, ::2]      # every other column
     for x_other, w_other in ((np.asfortranarray(x.reshape(64, 24)), w),
-                             (x.reshape(64, 24)[::-1][::-1], np.asfortranarray(w))):
+                             (strided, np.asfortranarray(w))):
+        assert not x_other.flags.c_contiguous
         assert F.linear(x_other, w_other, b).tobytes() == y.reshape(64, out_f).tobytes()
     calls.clear()
     F.linear(x.reshape(64, 24), w[:-1], b[:-1])       # one output under the threshold
@@ -172,8 +174,9 @@ def test_large_output_adds_the_bias_in_the_gemm(monkeypatch, dtype, lead):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_bias_first_gemm_over_many_k_blocks_is_as_accurate_and_matches_torch(monkeypatch, dtype):
     """K = 1024 spans several of OpenBLAS's K-blocks: the sums start from b, so the bits
-    differ from ``x @ W.T + b`` (as PyTorch's addmm does); the error against a float64
-    reference stays that of the other order, and the layer matches torch in every gradient."""
+    differ from ``x @ W.T + b`` (as PyTorch's addmm does); the error against a wider
+    (``longdouble``) reference stays that of the other order, and the layer matches torch in
+    every gradient."""
     rng = np.random.default_rng(7)
     layer = lk.Linear(1024, 512, dtype=dtype, rng=rng)
     x = (rng.standard_normal((2, 256, 1024)) / 8).astype(dtype)   # dW's sums of 512 stay ~O(1)
