@@ -27,6 +27,7 @@ __all__ = ["IncompatibleKeys", "Module", "Parameter"]
 
 
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+_ABSENT = object()   # an attribute not set yet
 
 
 def _addindent(text: str, spaces: int) -> str:
@@ -110,7 +111,10 @@ class Module:
 
     # ------------------------------------------------------------------ registration
     def __setattr__(self, name: str, value) -> None:
-        _structure.changed()     # any attribute (a child, a Parameter, the class) may be structure
+        # any attribute (a child, a Parameter, the class) may be structure; the object it already
+        # holds is no change (``self.num_batches_tracked += 1``: an in-place add, then this)
+        if self.__dict__.get(name, _ABSENT) is not value:
+            _structure.changed()
         params = self.__dict__.get("_parameters")
         if params is None and isinstance(value, (Parameter, Module)):
             raise AttributeError(

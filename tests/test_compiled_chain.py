@@ -408,6 +408,31 @@ def test_the_kept_plan_follows_every_change_to_the_model(monkeypatch, change):
         assert len(calls) == 2          # the hook fired on both runs: neither was compiled
 
 
+def test_training_steps_keep_the_structure_token():
+    """Nothing in a training or eval step changes a model's structure, BatchNorm's in-place
+    ``num_batches_tracked += 1`` (the same array assigned back) included: the kept plans stay
+    valid. Assigning another object, even an equal one, still replaces the token."""
+    from linearkit import _structure
+
+    rng = np.random.default_rng(9)
+    model = lk.Sequential(lk.Sequential(_lin(8, 16, np.float32, rng), lk.ReLU()),
+                          lk.BatchNorm1d(16), _lin(16, 3, np.float32, rng))
+    opt, loss_fn = lk.optim.Adam(model.parameters(), lr=1e-2), lk.CrossEntropyLoss()
+    x = rng.standard_normal((32, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 32)
+    lk.loop.step(model, loss_fn, opt, x, y)
+    token = _structure.token          # (building any module replaces it: all built by now)
+    for _ in range(3):
+        lk.loop.step(model, loss_fn, opt, x, y)
+    model.eval()
+    model(x)
+    model.train()
+    assert _structure.token is token
+    assert int(model[1].num_batches_tracked) == 4          # the steps did count
+    model[1].num_batches_tracked = np.array(4, np.int64)   # equal, but another array
+    assert _structure.token is not token
+
+
 def test_a_kernel_numba_cannot_type_falls_back_to_the_thin_path(monkeypatch):
     from numba.core.errors import TypingError
 
