@@ -36,7 +36,7 @@ GROUP_HELP = {
            "included",
     "sweep": "Linear(1024, 1024) float32 against batch 1..64 (the knee) and widths 250/256, "
              "1000/1024, 4000/4096 at batch 64, under the default thread policy and at 1 and "
-             "2 BLAS threads (linearkit.sweep); PyTorch on the same sweep",
+             "2 BLAS threads (linearkit.analysis.layer_sweep); PyTorch on the same sweep",
     "busy": "the recipe step, the README's step and the MLP at batch 128, idle and with one "
             "process spinning on a core; BLAS-thread variants; GEMMs at 1 and 2 threads",
     "footprint": "`import linearkit`: time and peak RSS in a fresh interpreter",
@@ -82,7 +82,7 @@ BUSY_STEPS = {
     "mlp128": "784-256-256-10 ReLU MLP at batch 128, Adam lr 1e-3",
 }
 # Forward GEMMs x (M, K) @ W.T (K, N) at 1 and 2 BLAS threads, idle and busy: the evidence
-# for linearkit.threads.SMALL_GEMM_MACS. The first four are the three steps' own sizes.
+# for linearkit.backend.threads.SMALL_GEMM_MACS. The first four are the three steps' own sizes.
 BUSY_GEMMS = [(100, 40, 100), (100, 100, 100), (128, 256, 256), (128, 784, 256),
               (512, 784, 256)]
 N_BATCHES = 8  # distinct synthetic batches cycled through by the MLP throughput cases
@@ -92,7 +92,7 @@ SWEEP_LAYER = (1024, 1024)
 SWEEP_MAX_BATCH = 64
 SWEEP_DIMS = (250, 256, 1000, 1024, 4000, 4096)
 SWEEP_DIM_BATCH = 64
-SWEEP_THREADS = (None, 1, 2)  # None: linearkit's default policy (linearkit.threads)
+SWEEP_THREADS = (None, 1, 2)  # None: linearkit's default policy (linearkit.backend.threads)
 # The large-layer target holds "in three consecutive runs": the large group runs at least this
 # many rounds for NumPy and linearkit (more with --rounds), each round's ratio reported.
 LARGE_ROUNDS = 3

@@ -6,7 +6,7 @@ its command here, once untimed (numba's kernel cache and MNIST-1D's cache filled
 in the OS cache), then ``repeats`` timed runs, and reports the wall time from launch to exit:
 
 - linearkit: ``linearkit train --json --out FILE`` -- the real command (the console script's
-  own two lines, ``from linearkit.cli import main; main()``, run by this interpreter so that
+  own two lines, ``from linearkit.cli.commands import main; main()``, run by this interpreter so that
   this checkout's linearkit is the one measured), 6,000 steps by default;
 - PyTorch / JAX: ``python -m benchmarks.e2e torch|jax --data FILE.npz --out FILE`` -- the same
   recipe written with the benchmark's own model and step (``impl_torch`` / ``impl_jax``):
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_STEPS = 6000  # `linearkit train`'s default
 EVAL_EVERY = 500      # `linearkit train`'s default --eval-every
 WARM_STEPS = 20       # the untimed first run: enough to compile and cache every kernel
-CLI = "import sys; from linearkit.cli import main; sys.exit(main())"
+CLI = "import sys; from linearkit.cli.commands import main; sys.exit(main())"
 
 
 # ----------------------------------------------------------------------------- the launcher

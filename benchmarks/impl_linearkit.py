@@ -1,5 +1,5 @@
 """linearkit, used the way its README and DESIGN.md say: ``layer(x)``, ``layer.vjp(x)`` and the
-documented training step, through ``linearkit.loop.step`` (the library's one copy of it)::
+documented training step, through ``linearkit.training.loop.step`` (the library's one copy of it)::
 
     pred, back = model.vjp(x, input_grad=False)
     loss, loss_back = loss_fn.vjp(pred, target)
@@ -7,7 +7,7 @@ documented training step, through ``linearkit.loop.step`` (the library's one cop
     opt.step(); opt.zero_grad(set_to_none=False)
 
 The busy group's ``readme`` case runs the README's lines written out, as a user's own loop.
-BLAS threads: the library's policy (``linearkit.threads``) unless a case sets a count.
+BLAS threads: the library's policy (``linearkit.backend.threads``) unless a case sets a count.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ lk = None
 # GEMM at most: a case of one 0.3 s GEMM needs 3 calls. A repeat should see the policy as it is
 # on an idle machine (the large group's 8192-row forward measured 49% of NumPy without this).
 SERVE_WARM_S = 0.7
-SERVE_WARM_CALLS = 3      # linearkit.threads.UP_SAMPLES + 1
+SERVE_WARM_CALLS = 3      # linearkit.backend.threads.UP_SAMPLES + 1
 # Steps of a throwaway model before the recipe's timed runs: Adam's first step packs its flat
 # state, the next ones run (and load) every compiled kernel of the step.
 WARM_STEPS = 3
@@ -141,8 +141,8 @@ def build_model(sizes, residual: bool = False):
 
 
 def trainer(model, lr: float):
-    """The documented training step (``linearkit.loop.step``), as a function of one batch."""
-    from linearkit.loop import step as train_step
+    """The documented training step (``linearkit.training.loop.step``), as a function of one batch."""
+    from linearkit.training.loop import step as train_step
 
     loss_fn = lk.CrossEntropyLoss()
     opt = lk.optim.Adam(model.parameters(), lr=lr)
@@ -271,9 +271,9 @@ def recipe(rec) -> None:
 
 
 def step_in_parts(once):
-    """``once`` with the one-call compiled step off (linearkit/compiled_step.py): the chain, the
+    """``once`` with the one-call compiled step off (linearkit/runtime/compiled_step.py): the chain, the
     fused loss and Adam's flat kernel called one by one."""
-    from linearkit import compiled_step
+    from linearkit.runtime import compiled_step
 
     def run() -> float:
         compiled_step.enabled = False
@@ -286,8 +286,8 @@ def step_in_parts(once):
 
 def without_compiled_chain(once):
     """``once`` with the compiled step and Sequential's compiled chain off (the thin path:
-    layers/fused.py)."""
-    from linearkit.layers import compiled
+    runtime/thin_path.py)."""
+    from linearkit.runtime import compiled_chain as compiled
 
     def run() -> float:
         real = compiled.chain_vjp
@@ -301,7 +301,7 @@ def without_compiled_chain(once):
 
 def flushing_denormals(once):
     """``once`` under ``lk.set_flush_denormal(True)`` (subnormals as zero, as JAX computes)."""
-    from linearkit.denormal import flush_denormal
+    from linearkit.backend.denormal import flush_denormal
 
     def run() -> float:
         with flush_denormal() as supported:
@@ -312,12 +312,12 @@ def flushing_denormals(once):
 
 
 def cli_path(x_all, y_all, steps: int):
-    """One run of ``linearkit.train.train`` (what ``linearkit train`` runs, subnormals flushed
+    """One run of ``linearkit.training.recipe.train`` (what ``linearkit train`` runs, subnormals flushed
     as its default) on the synthetic data, evaluation off; its own timer (the training loop
     only, loader included)."""
     from types import SimpleNamespace
 
-    from linearkit.train import train
+    from linearkit.training.recipe import train
 
     dataset = SimpleNamespace(x_train=x_all, y_train=y_all, x_test=x_all[:1000],
                               y_test=y_all[:1000])
@@ -339,7 +339,7 @@ def e2e(rec) -> None:
 
 
 def sweep(rec) -> None:
-    """linearkit.sweep's batch and width sweeps (benchmarks/sweep.py)."""
+    """linearkit.analysis.layer_sweep's batch and width sweeps (benchmarks/sweep.py)."""
     from .sweep import linearkit_sweep
 
     linearkit_sweep(rec, lk)

@@ -338,7 +338,7 @@ def mlp_sections(v: View):
 def recipe_section(v: View):
     steps = v.meta.get("config", {}).get("recipe_steps", 6000)
     rows = []
-    for fw, case, label in (("linearkit", "train-cli", "linearkit.train.train (`linearkit train`)"),
+    for fw, case, label in (("linearkit", "train-cli", "linearkit.training.recipe.train (`linearkit train`)"),
                             ("linearkit", "train", "linearkit, documented step loop"),
                             ("linearkit", "train-parts",
                              "linearkit, step loop, the step's kernels called one by one"),
@@ -372,7 +372,7 @@ def recipe_section(v: View):
         "batches gathered by index each step; model built outside the timed region; median of "
         f"{v.meta.get('config', {}).get('recipe_repeats', 3)} runs, after a few untimed steps "
         "(JAX compiles its step, linearkit loads its compiled kernels: once per process, "
-        "measured in 5b). `linearkit.train.train` is "
+        "measured in 5b). `linearkit.training.recipe.train` is "
         "the command's own loop (its DataLoader, its BLAS-thread choice, evaluation off), timed "
         "by itself; the other rows are the documented step on pre-drawn index batches. "
         "linearkit's step runs as one compiled call (fast.md, \"The whole step in one call\"); "
@@ -477,7 +477,7 @@ def busy_sections(v: View):
         "9b. One forward GEMM at 1 and 2 BLAS threads, idle and busy (µs per call)",
         ["GEMM", "M MACs", "1 thread idle", "2 threads idle", "speed-up of 2 (idle)",
          "1 thread busy", "2 threads busy", "slow-down of 2 (busy)"], rows,
-        "`linearkit.functional.linear(x, W)` under `linearkit.threads.num_threads(t)`. The default "
+        "`linearkit.functional.linear(x, W)` under `linearkit.backend.threads.num_threads(t)`. The default "
         "policy runs a GEMM under `SMALL_GEMM_MACS` = "
         f"{num(policy.get('small_gemm_macs'))} multiply-adds on one thread, and a larger one on "
         "up to the BLAS's own count only while other processes leave the cores idle "

@@ -2,14 +2,14 @@
 8/16/64 -- the articles' claims (004 §6.1) "small batches waste the hardware: sweep batch 1 to 64,
 find the knee" and "250 -> 256 runs faster", measured here.
 
-linearkit runs :func:`linearkit.sweep.batch_sweep` / :func:`linearkit.sweep.dim_sweep` (what
+linearkit runs :func:`linearkit.analysis.layer_sweep.batch_sweep` / :func:`linearkit.analysis.layer_sweep.dim_sweep` (what
 ``linearkit sweep`` prints) under the default thread policy and at fixed BLAS thread counts
-(``cases.SWEEP_THREADS``), because the policy (``linearkit.threads``) runs a GEMM of fewer than
+(``cases.SWEEP_THREADS``), because the policy (``linearkit.backend.threads``) runs a GEMM of fewer than
 ``SMALL_GEMM_MACS`` multiply-adds on one thread and a larger one on more: a width or batch step
 that crosses that line changes the thread count as well as the shape. PyTorch runs the same
 sweep (``nn.Linear``, its own threads) in its own process, timed by the same round-robin timer
-(:func:`linearkit.timing.same_run_seconds`). Every result is a
-:meth:`linearkit.sweep.SweepResult.to_dict`-shaped dict.
+(:func:`linearkit.analysis.timing.same_run_seconds`). Every result is a
+:meth:`linearkit.analysis.layer_sweep.SweepResult.to_dict`-shaped dict.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _tag(threads: int | None) -> str:
 def linearkit_sweep(rec, lk) -> None:
     """Cases ``batch/auto``, ``batch/1t``, ``dims/auto``, ``dims/1t``, ``dims/2t`` (float32,
     forward and forward+backward) and ``policy`` (the thread policy's constants and state)."""
-    from linearkit.sweep import batch_sweep, dim_sweep, powers_of_two
+    from linearkit.analysis.layer_sweep import batch_sweep, dim_sweep, powers_of_two
 
     repeats = rec.cfg["sweep_repeats"]
     in_f, out_f = cases.SWEEP_LAYER
@@ -53,8 +53,8 @@ def torch_sweep(rec, torch) -> None:
     """Cases ``batch/default`` and ``dims/default``: ``nn.Linear`` forward (``no_grad``) and
     forward+backward (``zero_grad``, forward, ``backward(dy)``, input gradient included, as
     linearkit's sweep step does), PyTorch's own thread count."""
-    from linearkit.sweep import find_knee, powers_of_two
-    from linearkit.timing import same_run_seconds
+    from linearkit.analysis.layer_sweep import find_knee, powers_of_two
+    from linearkit.analysis.timing import same_run_seconds
 
     repeats = rec.cfg["sweep_repeats"]
     torch.manual_seed(0)

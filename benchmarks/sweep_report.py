@@ -118,11 +118,11 @@ def batch_table(v: View) -> dict | None:
         ["batch", "M MACs per GEMM", "policy's threads", "fwd: linearkit (policy)",
          "fwd: linearkit, 1 thread", "fwd: PyTorch", "fwd+bwd: linearkit (policy)",
          "fwd+bwd: linearkit, 1 thread", "fwd+bwd: PyTorch"], rows,
-        "`linearkit.sweep.batch_sweep` (what `linearkit sweep --backward` prints): one layer, "
+        "`linearkit.analysis.layer_sweep.batch_sweep` (what `linearkit sweep --backward` prints): one layer, "
         "inputs of each batch size, every batch timed once per round (medians of "
         f"{v.meta.get('config', {}).get('sweep_repeats', '?')} rounds). fwd+bwd: `zero_grad`, "
         "`vjp`, the closure (dX, dW, db). The knee is the smallest batch whose throughput "
-        "reaches 90% of the sweep's best. *Policy's threads*: what `linearkit.threads` gives "
+        "reaches 90% of the sweep's best. *Policy's threads*: what `linearkit.backend.threads` gives "
         "each of these GEMMs (1 under `SMALL_GEMM_MACS` multiply-adds; above it up to the "
         "BLAS's own count while the cores are idle). PyTorch: `nn.Linear`, its own threads, "
         "in its own process.")
@@ -151,9 +151,9 @@ def dims_table(v: View) -> dict | None:
     return _section(
         f"10b. Width sweep: square Linear(d, d) float32 at batch {n} (ms per call)",
         header, rows,
-        "`linearkit.sweep.dim_sweep` (what `linearkit sweep --dims ...` prints), under the "
+        "`linearkit.analysis.layer_sweep.dim_sweep` (what `linearkit sweep --dims ...` prints), under the "
         "default thread policy and with the BLAS fixed at 1 and at 2 threads "
-        "(`linearkit.threads.num_threads`); every width timed once per round. *Policy ran "
+        "(`linearkit.backend.threads.num_threads`); every width timed once per round. *Policy ran "
         "like*: the fixed count whose time the policy's is closest to (\"either\" when 1 and 2 "
         "threads are within 5% of each other); below the threshold the policy runs one thread "
         "by rule.")
@@ -313,7 +313,7 @@ def thread_findings(v: View) -> list[str]:
         r_one = it["time"][(("linearkit", "1t"), "forward")]
         r_two = it["time"][(("linearkit", "2t"), "forward")]
         two_over_one = div(t[("2t", big)], t[("1t", big)])
-        text = (f"The thread switch: `linearkit.threads` runs a GEMM under SMALL_GEMM_MACS = "
+        text = (f"The thread switch: `linearkit.backend.threads` runs a GEMM under SMALL_GEMM_MACS = "
                 f"{small:,} multiply-adds on one thread. At batch {n}, Linear({d}, {d})'s "
                 f"GEMMs are {n}·{d}² = {n * d * d:,} multiply-adds (always one thread) and "
                 f"Linear({big}, {big})'s {n}·{big}² = {n * big * big:,} (up to "

@@ -5,10 +5,14 @@
 optimizers that match PyTorch. See README.md.
 """
 
-from . import functional, hooks, init, loop, optim, precision
-from .anomaly import detect_anomaly
-from .checkpointing import Checkpoint, checkpoint, checkpoint_sequential
-from .denormal import set_flush_denormal
+from . import errors, functional, init, optim, precision
+from .backend import denormal, fast, threads
+from .backend.denormal import set_flush_denormal
+from .backend.threads import get_num_threads, set_num_threads
+from .core import anomaly, hooks, random
+from .core.anomaly import detect_anomaly
+from .core.module import Module, Parameter
+from .core.random import manual_seed
 from .errors import AnomalyError, BackwardError, DTypeError, FormatError, ShapeError
 from .layers import (
     GELU,
@@ -34,9 +38,8 @@ from .layers import (
     Tanh,
 )
 from .losses import BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, MSELoss
-from .module import Module, Parameter
-from .random import manual_seed
-from .threads import get_num_threads, set_num_threads
+from .training import loop
+from .training.checkpointing import Checkpoint, checkpoint, checkpoint_sequential
 
 __version__ = "0.1.0"
 
@@ -101,13 +104,19 @@ __all__ = [
 ]
 
 
+_TRAINING = {"accumulation": "accumulation", "amp": "amp", "checkpointing": "checkpointing",
+             "train": "recipe"}
+
+
 def __getattr__(name):
     # Heavier namespaces load on first use, so `import linearkit` stays fast and light.
     import importlib
 
-    if name in ("accumulation", "amp", "analysis", "data", "distributed", "io", "rules",
+    if name in ("analysis", "cli", "data", "distributed", "io", "rules", "runtime", "training",
                 "transforms"):
         return importlib.import_module(f".{name}", __name__)
+    if name in _TRAINING:      # the training room's modules, by the names they always had here
+        return importlib.import_module(f".training.{_TRAINING[name]}", __name__)
     if name == "load_model":
         from .io.model_file import load_model
 

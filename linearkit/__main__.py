@@ -3,7 +3,7 @@ on PATH, or to pick the interpreter explicitly)."""
 
 import sys
 
-from .cli import main
+from .cli.commands import main
 
 if __name__ == "__main__":  # importing it (tools that walk every module) runs nothing
     sys.exit(main())

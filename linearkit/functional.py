@@ -13,9 +13,9 @@ import math
 
 import numpy as np
 
-from . import fast as _fast
+from .backend import fast as _fast
 from . import precision as _precision
-from . import threads as _threads
+from .backend import threads as _threads
 from .errors import DimError
 
 __all__ = [
@@ -120,7 +120,7 @@ def _weight_first(rows: int, in_features: int, out_features: int, x_dtype, w_dty
     rows, at least 128 outputs, past the sizes where OpenBLAS's small-matrix path makes both
     ways equal (``rows * in * out`` of 2^20 for 2-4 rows, 2^18 above), and NumPy's BLAS is
     OpenBLAS (the one measured) with a kernel that gives ``np.dot``'s bits both ways (checked
-    once per process). The compiled chain asks the same question (layers/compiled.py)."""
+    once per process). The compiled chain asks the same question (runtime/compiled_chain.py)."""
     global _blas_keeps_bits_both_ways
     if not (_FEW_ROWS_MIN <= rows <= _FEW_ROWS_MAX and out_features >= _FEW_ROWS_MIN_OUT
             and x_dtype is w_dtype is _FLOAT32
@@ -169,9 +169,9 @@ def _linear_weight_first(x, x2, weight, bias):
 # 15); below, y stays in cache and it gains nothing. The sums start from b instead of adding it
 # last: the same bits while K fits one of OpenBLAS's K-blocks (256 in: identical), other
 # roundings past it, as accurate (mean error against float64 on the example: 7.9e-8 against
-# 7.7e-8; PyTorch's 7.1e-8). Needs NumPy's own BLAS bound (fast/blas.py: ILP64 OpenBLAS, checked
+# 7.7e-8; PyTorch's 7.1e-8). Needs NumPy's own BLAS bound (backend/fast/blas.py: ILP64 OpenBLAS, checked
 # against np.dot); one row keeps np.dot's GEMV. The compiled chain and the fused Linear + ReLU
-# ask the same question (layers/compiled.py, layers/fused.py).
+# ask the same question (runtime/compiled_chain.py, runtime/thin_path.py).
 _BIAS_FIRST_MIN_OUT = 1 << 18
 _FLOAT64 = np.dtype(np.float64)
 
@@ -184,12 +184,12 @@ def _bias_first(rows: int, out_features: int) -> bool:
 
 def _bias_first_gemm(rows: int, x_dtype, weight: np.ndarray, bias: np.ndarray):
     """NumPy's BLAS ``gemm`` (ctypes) when ``linear`` of ``rows`` rows adds ``bias`` in the
-    GEMM, else None: fewer outputs, other dtypes (mixed, 16-bit storage) or a BLAS fast/blas.py
+    GEMM, else None: fewer outputs, other dtypes (mixed, 16-bit storage) or a BLAS backend/fast/blas.py
     does not bind."""
     if not (_bias_first(rows, weight.shape[0]) and x_dtype is weight.dtype is bias.dtype
             and (x_dtype is _FLOAT32 or x_dtype is _FLOAT64)):
         return None
-    from .fast import blas
+    from .backend.fast import blas
 
     found = blas.functions(x_dtype)
     return None if found is None else found[0]
@@ -197,7 +197,7 @@ def _bias_first_gemm(rows: int, x_dtype, weight: np.ndarray, bias: np.ndarray):
 
 def _linear_bias_first(x, x2, weight, bias, gemm):
     """``linear`` as ``y = bias; y += x2 @ W.T`` (one GEMM, beta = 1) into a new ``y (*, out)``."""
-    from .fast.blas import NO_TRANS, ROW_MAJOR, TRANS
+    from .backend.fast.blas import NO_TRANS, ROW_MAJOR, TRANS
 
     rows, (out_features, in_features) = x2.shape[0], weight.shape
     y2 = np.empty((rows, out_features), x2.dtype)

@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from .module import Parameter
-from .random import resolve
+from .core.module import Parameter
+from .core.random import resolve
 
 __all__ = [
     "calculate_gain", "constant_", "eye_", "fan_in_and_fan_out", "kaiming_normal_",

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import fast
+from .backend import fast
 from . import functional as F
 from .errors import DTypeError, ShapeError, _Located
-from .module import Module
+from .core.module import Module
 
 __all__ = ["BCEWithLogitsLoss", "CrossEntropyLoss", "L1Loss", "MSELoss"]
 

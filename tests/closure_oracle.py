@@ -1,12 +1,12 @@
 """The tests' own count of what a backward closure keeps alive, independent of the ledger (and
-of ``linearkit._closures``, which the ledger uses): the oracle the ledger's memory is checked
+of ``linearkit.core.closures``, which the ledger uses): the oracle the ledger's memory is checked
 against in test_ledger, test_ledger_precision and test_rules."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from linearkit.module import Module, Parameter
+from linearkit.core.module import Module, Parameter
 
 
 def closure_bytes(backward, model) -> int:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit.amp import GradScaler
+from linearkit.training.amp import GradScaler
 from linearkit.optim import clip_grad_norm_
 
 torch = pytest.importorskip("torch")
@@ -429,7 +429,7 @@ def test_new_scale_sets_the_scale_and_keeps_the_tracker_as_torch():
 def test_amp_imports_nothing_optional():
     import subprocess
     import sys
-    code = ("import sys, linearkit.amp; "
+    code = ("import sys, linearkit.training.amp; "
             "print(sorted({'ml_dtypes', 'torch', 'scipy'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)

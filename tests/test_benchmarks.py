@@ -196,7 +196,7 @@ def sweep_results(auto_256: float) -> dict:
 
 
 def test_the_250_256_pair_straddles_the_thread_threshold():
-    assert 64 * 250 * 250 < (1 << 22) <= 64 * 256 * 256  # linearkit.threads.SMALL_GEMM_MACS
+    assert 64 * 250 * 250 < (1 << 22) <= 64 * 256 * 256  # linearkit.backend.threads.SMALL_GEMM_MACS
     v = report.View(sweep_results(auto_256=0.06 * (256 / 250) ** 2))
     lines = sweep_report.thread_findings(v)
     switch = [line for line in lines if "straddles" in line]

@@ -1,4 +1,4 @@
-"""Activation checkpointing (linearkit.checkpointing): exact gradients, replayed randomness,
+"""Activation checkpointing (linearkit.training.checkpointing): exact gradients, replayed randomness,
 BatchNorm counted once, hooks, checkpoint_sequential, the ledger's rule, tracemalloc, torch."""
 
 from __future__ import annotations
@@ -7,10 +7,15 @@ import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit import random as lk_random
+from linearkit.core import random as lk_random
 from linearkit.analysis import ledger
-from linearkit.checkpoint_measure import measure_checkpointing
-from linearkit.checkpointing import Checkpoint, checkpoint, checkpoint_sequential, recomputing
+from linearkit.analysis.checkpoint_measure import measure_checkpointing
+from linearkit.training.checkpointing import (
+    Checkpoint,
+    checkpoint,
+    checkpoint_sequential,
+    recomputing,
+)
 from linearkit.errors import BackwardError
 
 

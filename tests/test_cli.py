@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit.cli import main
+from linearkit.cli.commands import main
 
 
 def test_train_json_saves_weights_that_reload(tmp_path, capsys):
@@ -17,11 +17,11 @@ def test_train_json_saves_weights_that_reload(tmp_path, capsys):
     assert record["steps"] == 60 and record["params"] == 15210
     assert 0.1 < record["test_accuracy"] <= 1.0
     assert record["flush_denormal"] is True           # the command's default
-    from linearkit.train import build_model
+    from linearkit.training.recipe import build_model
 
     model = lk.load(out, build_model("mlp"))
     data = lk.data.mnist1d()
-    from linearkit.train import accuracy
+    from linearkit.training.recipe import accuracy
 
     assert accuracy(model, data.x_test, data.y_test) == pytest.approx(record["test_accuracy"])
 
@@ -62,7 +62,7 @@ def test_gradcheck_command(capsys):
 
 
 def test_build_model_matches_the_paper_architecture():
-    from linearkit.train import build_model
+    from linearkit.training.recipe import build_model
 
     model = build_model("mlp", 100, rng=np.random.default_rng(0))
     assert sum(p.size for p in model.parameters()) == 40 * 100 + 100 + 100 * 100 + 100 + 100 * 10 + 10
@@ -297,7 +297,7 @@ def test_python_dash_m_linearkit_is_the_same_command(tmp_path):
 
 
 def test_json_safe_turns_every_non_finite_number_into_null():
-    from linearkit.cli import _json_safe
+    from linearkit.cli.commands import _json_safe
 
     got = _json_safe({"a": float("nan"), "b": [np.float32("inf"), np.float64(1.5), np.int64(3)],
                       "c": (1, float("-inf")), "d": {"e": np.float64("nan")}})
@@ -333,7 +333,7 @@ def test_help_shows_defaults_and_version_works(capsys):
 
 
 def test_an_internal_error_is_shown_as_a_bug_with_its_traceback(monkeypatch, capsys):
-    import linearkit.cli as cli_module
+    import linearkit.cli.commands as cli_module
 
     def broken(args):
         raise RuntimeError("an invariant broke")

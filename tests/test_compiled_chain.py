@@ -1,4 +1,4 @@
-"""Sequential's compiled path (layers/compiled.py, fast/chain_kernel.py) gives the thin path's bits.
+"""Sequential's compiled path (runtime/compiled_chain.py, backend/fast/chain_kernel.py) gives the thin path's bits.
 
 Each model runs the same forward and backward twice: through the two compiled kernels and with
 them switched off (the thin path, itself bitwise the guarded chain: tests/test_fused_chain.py).
@@ -15,7 +15,7 @@ import pytest
 from kernel_spies import KernelCalls
 
 import linearkit as lk
-from linearkit.layers import compiled
+from linearkit.runtime import compiled_chain as compiled
 
 pytest.importorskip("numba", reason="the compiled chain needs numba (linearkit[fast])")
 
@@ -131,7 +131,7 @@ def test_weight_first_gemms_keep_the_thin_paths_bits(monkeypatch, rows, grads):
     """Few rows through wide layers: the layers functional.linear computes as (W @ x.T).T get
     WEIGHT_FIRST in the kernel too (with and without bias and ReLU, inside a Residual)."""
     from linearkit import functional as F
-    from linearkit.fast import chain_flags
+    from linearkit.backend.fast import chain_flags
 
     rng = np.random.default_rng(rows)
     model = lk.Sequential(_lin(40, 256, np.float32, rng), lk.ReLU(),
@@ -160,7 +160,7 @@ def test_bias_first_gemms_keep_the_thin_paths_bits(monkeypatch, dtype, grads):
     bias get BIAS_FIRST in the kernel too (with ReLU after, inside a Residual, and the last
     layer without ReLU); K = 1024 makes the order show in the bits."""
     from linearkit import functional as F
-    from linearkit.fast import chain_flags
+    from linearkit.backend.fast import chain_flags
 
     rng = np.random.default_rng(11)
     model = lk.Sequential(_lin(1024, 256, dtype, rng), lk.ReLU(),
@@ -304,7 +304,7 @@ def test_anomaly_switched_on_after_the_forward_is_still_checked(monkeypatch):
 def test_the_plan_skips_what_the_thin_path_skips():
     """No dX for the first layer without input_grad; nothing at all for a frozen prefix (the
     backward kernel stops there); no dW/db for frozen parameters."""
-    from linearkit.fast import chain_flags as K
+    from linearkit.backend.fast import chain_flags as K
     from linearkit.layers.container import trains
 
     rng = np.random.default_rng(6)
@@ -412,7 +412,7 @@ def test_training_steps_keep_the_structure_token():
     """Nothing in a training or eval step changes a model's structure, BatchNorm's in-place
     ``num_batches_tracked += 1`` (the same array assigned back) included: the kept plans stay
     valid. Assigning another object, even an equal one, still replaces the token."""
-    from linearkit import _structure
+    from linearkit.core import structure as _structure
 
     rng = np.random.default_rng(9)
     model = lk.Sequential(lk.Sequential(_lin(8, 16, np.float32, rng), lk.ReLU()),

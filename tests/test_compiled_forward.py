@@ -1,5 +1,5 @@
 """A plain forward (``model(x)``) through the compiled chain once the kernels are loaded
-(layers/compiled.py ``chain_forward``), one row included: the thin path's bits.
+(runtime/compiled_chain.py ``chain_forward``), one row included: the thin path's bits.
 
 Each model runs the same input twice, through the kernel and with it switched off (the thin
 path, itself bitwise the guarded children: tests/test_fused_chain.py), for 1 row (the GEMV
@@ -17,7 +17,7 @@ from kernel_spies import KernelCalls
 
 import linearkit as lk
 from linearkit.errors import ShapeError
-from linearkit.layers import compiled
+from linearkit.runtime import compiled_chain as compiled
 
 pytest.importorskip("numba", reason="the compiled chain needs numba (linearkit[fast])")
 

@@ -1,4 +1,4 @@
-"""``loop.step`` in one compiled call (linearkit/compiled_step.py) leaves the parts' bits.
+"""``loop.step`` in one compiled call (linearkit/runtime/compiled_step.py) leaves the parts' bits.
 
 Two copies of each model train side by side for several steps, one with the compiled step and
 one with it switched off (the parts: the compiled chain, the fused loss and Adam's flat step,
@@ -17,8 +17,8 @@ import pytest
 from kernel_spies import KernelCalls
 
 import linearkit as lk
-from linearkit import compiled_step
-from linearkit.loop import step
+from linearkit.runtime import compiled_step
+from linearkit.training.loop import step
 
 pytest.importorskip("numba", reason="the compiled step needs numba (linearkit[fast])")
 
@@ -292,9 +292,9 @@ def test_deep_copied_model_and_optimizer_train_on_their_own(monkeypatch):
 
 
 def test_linearkit_train_runs_the_compiled_step_with_the_parts_bits(monkeypatch):
-    """The main job (``linearkit.train.train``, the recipe's MLP) takes the one-call step, and
+    """The main job (``linearkit.training.recipe.train``, the recipe's MLP) takes the one-call step, and
     trains to the weights the parts give."""
-    from linearkit.train import train
+    from linearkit.training.recipe import train
 
     count = _Count(monkeypatch)
     fast_model, fast_result = train("mlp", hidden=16, steps=40, eval_every=0)

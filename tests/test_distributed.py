@@ -87,7 +87,7 @@ def test_reducer_arguments_are_checked():
 
 
 def test_data_parallel_train_of_one_rank_is_the_plain_run():
-    from linearkit.train import train
+    from linearkit.training.recipe import train
 
     m1, r1 = train(steps=15, eval_every=0)
     m2, r2 = train(steps=15, eval_every=0, distributed=True)
@@ -230,7 +230,7 @@ def test_the_ledger_counts_a_ranks_shard_and_its_communication():
 
 # ---------------------------------------------------------------------- the command line
 def test_train_global_batch_must_split_over_the_ranks(tmp_path, capsys):
-    from linearkit.cli import main
+    from linearkit.cli.commands import main
 
     pytest.importorskip("safetensors")
     code = main(["train", "--ranks", "3", "--batch-size", "100", "--out",

@@ -1,4 +1,4 @@
-"""The compiled fast path (linearkit/fast/): same bits as the NumPy path, loaded lazily, optional.
+"""The compiled fast path (linearkit/backend/fast/): same bits as the NumPy path, loaded lazily, optional.
 
 The kernel tests need numba (the ``linearkit[fast]`` extra) and skip without it; the import and
 ``LINEARKIT_FAST=0`` fallback tests run everywhere and pin that the NumPy path gives the numbers.
@@ -15,7 +15,8 @@ import pytest
 from fresh_process import imports
 
 import linearkit as lk
-from linearkit import fast, optim
+from linearkit.backend import fast
+from linearkit import optim
 
 SHAPES = [(40, 33), (33,), (7, 9)]
 

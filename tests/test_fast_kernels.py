@@ -1,4 +1,4 @@
-"""The elementwise and cross-entropy kernels of linearkit/fast/ against the NumPy path.
+"""The elementwise and cross-entropy kernels of linearkit/backend/fast/ against the NumPy path.
 
 bias+ReLU, ReLU backward and the one-row dW accumulate give the NumPy path's bits (specials
 included); the fused softmax cross-entropy rounds float64 results once, so it is checked against
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit import fast
+from linearkit.backend import fast
 from linearkit import functional as F
 
 numba = pytest.importorskip("numba", reason="the fused kernels need numba (linearkit[fast])")

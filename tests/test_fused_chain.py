@@ -1,4 +1,4 @@
-"""Sequential's thin path (layers/fused.py) gives the guarded, unfused chain's bits.
+"""Sequential's thin path (runtime/thin_path.py) gives the guarded, unfused chain's bits.
 
 Each model runs twice on the same inputs: on the thin path (built-in children unguarded,
 ``Linear -> ReLU`` fused) and with the thin path switched off (every child through its guard),
@@ -14,7 +14,7 @@ import pytest
 from fresh_process import imports
 
 import linearkit as lk
-from linearkit.layers import fused
+from linearkit.runtime import thin_path as fused
 
 DTYPES = [np.float32, np.float64]
 
@@ -91,7 +91,7 @@ def test_a_large_output_adds_its_bias_in_the_gemm_fused_too(monkeypatch, fast_en
     x = rng.standard_normal((1024, 1024)).astype(dtype)
     first = model[0]
     if F._bias_first_gemm(1024, x.dtype, first.weight.data, first.bias.data) is None:
-        pytest.skip("NumPy's BLAS is not the ILP64 OpenBLAS fast/blas.py binds")
+        pytest.skip("NumPy's BLAS is not the ILP64 OpenBLAS backend/fast/blas.py binds")
     added_after = np.dot(x, first.weight.data.T) + first.bias.data
     assert not np.array_equal(first(x), added_after)
     dy = rng.standard_normal((1024, 4)).astype(dtype)

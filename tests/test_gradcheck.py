@@ -5,7 +5,7 @@ import pytest
 
 import linearkit as lk
 from linearkit.analysis.gradcheck import GradcheckError, GradcheckResult, gradcheck
-from linearkit.random import default_generator
+from linearkit.core.random import default_generator
 
 
 def _x(*shape, dtype=np.float64, seed=0):

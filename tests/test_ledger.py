@@ -12,7 +12,7 @@ from closure_oracle import closure_bytes
 
 import linearkit as lk
 from linearkit.analysis.ledger import Ledger, human_bytes, ledger, preset
-from linearkit.module import Module
+from linearkit.core.module import Module
 
 
 def rng(seed=0):

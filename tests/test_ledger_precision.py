@@ -37,8 +37,8 @@ from closure_oracle import closure_bytes
 import linearkit as lk
 from linearkit import precision as P
 from linearkit.analysis import ledger
-from linearkit.checkpoint_measure import step_peak_bytes
-from linearkit.module import Module
+from linearkit.analysis.checkpoint_measure import step_peak_bytes
+from linearkit.core.module import Module
 from linearkit.optim.optimizer import MASTER
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
@@ -295,7 +295,7 @@ def test_a_16_bit_layer_outputs_float32_bytes():
 def test_checkpointed_16_bit_segments_against_tracemalloc():
     """Activation checkpointing of a bfloat16 MLP under 16-bit activations: the peak drops by
     what the ledger says (as tests/test_checkpoint.py checks for float32)."""
-    from linearkit.checkpoint_measure import deep_mlp
+    from linearkit.analysis.checkpoint_measure import deep_mlp
 
     x = np.random.default_rng(1).standard_normal((128, 128)).astype(np.float32)
     with P.policy(activations=F16):

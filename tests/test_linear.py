@@ -148,7 +148,7 @@ def test_large_output_adds_the_bias_in_the_gemm(monkeypatch, dtype, lead):
     of the BLAS call). One output fewer keeps ``x @ W.T; y += b``."""
     if F._bias_first_gemm(64, np.dtype(dtype), np.empty((1 << 18, 1), dtype),
                           np.empty(1 << 18, dtype)) is None:
-        pytest.skip("NumPy's BLAS is not the ILP64 OpenBLAS fast/blas.py binds")
+        pytest.skip("NumPy's BLAS is not the ILP64 OpenBLAS backend/fast/blas.py binds")
     rng = np.random.default_rng(6)
     out_f = F._BIAS_FIRST_MIN_OUT // 64
     w = rng.standard_normal((out_f, 24)).astype(dtype)
@@ -184,7 +184,7 @@ def test_bias_first_gemm_over_many_k_blocks_is_as_accurate_and_matches_torch(mon
     calls = _spy_bias_first(monkeypatch)
     ours, theirs = run_both(layer, x, dy)
     if not calls:
-        pytest.skip("NumPy's BLAS is not the ILP64 OpenBLAS fast/blas.py binds")
+        pytest.skip("NumPy's BLAS is not the ILP64 OpenBLAS backend/fast/blas.py binds")
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(torch.from_numpy(np.asarray(a)), b.detach())
     w, b = layer.weight.data, layer.bias.data
@@ -201,7 +201,7 @@ def test_bias_first_gemm_over_many_k_blocks_is_as_accurate_and_matches_torch(mon
 
 def test_bias_first_needs_numpys_blas_bound(monkeypatch):
     """No binding (another BLAS, or its check failed): ``x @ W.T; y += b``, np.dot's bits."""
-    from linearkit.fast import blas
+    from linearkit.backend.fast import blas
 
     rng = np.random.default_rng(8)
     w = rng.standard_normal((4096, 300)).astype(np.float32)
@@ -304,7 +304,7 @@ def test_skipped_work_input_grad_false_and_frozen_weight(monkeypatch, rows):
 def _numpy_gemms(monkeypatch):
     """Count NumPy's GEMMs: keep Sequential off the compiled chain, whose BLAS calls np.matmul
     does not see (its flags skip the same work: tests/test_compiled_chain.py)."""
-    from linearkit.layers import compiled
+    from linearkit.runtime import compiled_chain as compiled
 
     monkeypatch.setattr(compiled, "chain_vjp", lambda *args: None)
 

@@ -1,10 +1,10 @@
-"""linearkit.loop: step equals the hand-written four lines; evaluate equals a hand computation."""
+"""linearkit.training.loop: step equals the hand-written four lines; evaluate equals a hand computation."""
 
 import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit.loop import evaluate, step
+from linearkit.training.loop import evaluate, step
 
 
 def readme_model():

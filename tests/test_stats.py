@@ -318,7 +318,7 @@ def test_bad_arguments():
 def test_with_an_optimizer_it_trains_exactly_as_the_library_step():
     import copy
 
-    from linearkit.loop import step
+    from linearkit.training.loop import step
 
     model = tiny()
     twin = copy.deepcopy(model)

@@ -1,7 +1,7 @@
 """``Optimizer.step_and_zero_grad``: ``step()`` then ``zero_grad(set_to_none)``, the same result.
 
 Adam's compiled step zeroes the flat gradient buffer in its own pass (after reading it), so
-``linearkit.loop.step`` saves the separate fill. These tests pin that every bit matches the
+``linearkit.training.loop.step`` saves the separate fill. These tests pin that every bit matches the
 two-call sequence (parameters, states, gradients), that a held reference to a gradient sees
 the zeros, that the next backward overwrites the buffers, and that everything else (SGD, a
 custom ``step``, ``set_to_none=True``, the NumPy path) falls back to the two calls.
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit.loop import step as loop_step
+from linearkit.training.loop import step as loop_step
 from linearkit.optim.optimizer import Optimizer
 
 

@@ -1,4 +1,4 @@
-"""linearkit.sweep and `linearkit sweep`: rows, the knee, misuse, --json, --plot (no timing
+"""linearkit.analysis.layer_sweep and `linearkit sweep`: rows, the knee, misuse, --json, --plot (no timing
 assertions: the numbers depend on the machine)."""
 
 import json
@@ -8,8 +8,14 @@ import sys
 import numpy as np
 import pytest
 
-from linearkit.cli import main
-from linearkit.sweep import KNEE_FRACTION, batch_sweep, dim_sweep, find_knee, powers_of_two
+from linearkit.cli.commands import main
+from linearkit.analysis.layer_sweep import (
+    KNEE_FRACTION,
+    batch_sweep,
+    dim_sweep,
+    find_knee,
+    powers_of_two,
+)
 
 
 def test_find_knee_on_synthetic_numbers():
@@ -59,7 +65,7 @@ def test_dim_sweep_keeps_order_and_compares_to_previous():
 
 
 def test_import_linearkit_does_not_import_sweep_or_matplotlib():
-    code = ("import sys, linearkit; bad = [m for m in ('linearkit.sweep', 'linearkit.sweep_plot', "
+    code = ("import sys, linearkit; bad = [m for m in ('linearkit.analysis.layer_sweep', 'linearkit.analysis.layer_sweep_plot', "
             "'matplotlib') if m in sys.modules]; print(bad); sys.exit(bool(bad))")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 

@@ -1,4 +1,4 @@
-"""linearkit.threads: set/get as in PyTorch, every loaded BLAS reached, the adaptive policy's
+"""linearkit.backend.threads: set/get as in PyTorch, every loaded BLAS reached, the adaptive policy's
 decisions (driven through fake load samples, never by timing), the no-threadpoolctl fallback."""
 
 import json
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit import threads as T
+from linearkit.backend import threads as T
 
 threadpoolctl = pytest.importorskip("threadpoolctl")
 

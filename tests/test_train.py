@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit.train import Dataset, build_model, train
+from linearkit.training.recipe import Dataset, build_model, train
 
 
 def test_threads_n_trains_on_n_blas_threads_and_restores_the_policy():
@@ -70,7 +70,7 @@ def test_no_per_step_memory_growth_over_100_steps():
         opt.zero_grad(set_to_none=False)
 
     tracemalloc.start()     # warm up traced too: under tracemalloc Sequential keeps the thin
-    try:                    # path (layers/compiled.py), whose first steps fill its caches
+    try:                    # path (runtime/compiled_chain.py), whose first steps fill its caches
         for _ in range(5):
             step()
         before = tracemalloc.get_traced_memory()[0]
@@ -107,7 +107,7 @@ def _in_subprocess(code: str, timeout: float = 120):
 
 def test_batch_size_above_the_training_rows_raises_instead_of_hanging():
     proc = _in_subprocess(
-        "from linearkit.train import train\n"
+        "from linearkit.training.recipe import train\n"
         "try:\n"
         "    train('linear', steps=5, batch_size=5000, eval_every=0)\n"
         "except ValueError as e:\n"

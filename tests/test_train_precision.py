@@ -1,12 +1,12 @@
-"""linearkit.train with precision='bf16' | 'fp16': 16-bit storage, float32 compute and master
+"""linearkit.training.recipe with precision='bf16' | 'fp16': 16-bit storage, float32 compute and master
 weights (fp16 with the loss scaler), in the paper's accuracy band like float32."""
 
 import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit.cli import main
-from linearkit.train import train
+from linearkit.cli.commands import main
+from linearkit.training.recipe import train
 
 pytest.importorskip("ml_dtypes")
 

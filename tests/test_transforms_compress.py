@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit.cli import main
+from linearkit.cli.commands import main
 from linearkit.transforms.pipeline import compress, load_any
 
 

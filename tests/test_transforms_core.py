@@ -4,7 +4,12 @@ import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit.transforms.report import compare_models, evaluating, probe_inputs, state_size
+from linearkit.transforms.transform_report import (
+    compare_models,
+    evaluating,
+    probe_inputs,
+    state_size,
+)
 from linearkit.transforms.walk import copy_model, finish, linear_from, select_linears, set_submodule
 
 
@@ -97,7 +102,7 @@ def test_every_public_transform_name_is_the_function_not_a_submodule():
     for name in T.__all__:
         value = getattr(T, name)
         assert not isinstance(value, type(T)), name
-        importlib.import_module(f"linearkit.transforms.{T._WHERE.get(name, 'report')}")
+        importlib.import_module(f"linearkit.transforms.{T._WHERE.get(name, 'transform_report')}")
         assert getattr(T, name) is value, name  # still the function after the import
     from linearkit.transforms import factorize, prune, quantize
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import linearkit as lk
-from linearkit.loop import step
+from linearkit.training.loop import step
 from linearkit.transforms.factorization import factorize, factorize_weight, rank_sweep
-from linearkit.transforms.sweep import RankSweep, default_ranks
+from linearkit.transforms.factorize_sweep import RankSweep, default_ranks
 
 
 def _rng(seed=0):

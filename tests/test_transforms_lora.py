@@ -18,9 +18,9 @@ from linearkit.analysis.ledger.custom import _closure_arrays
 from linearkit.io.safetensors import save as save_tensors
 from linearkit.io.safetensors_header import read_tensors
 from linearkit.layers.lora import LoRALinear
-from linearkit.loop import evaluate, step
+from linearkit.training.loop import evaluate, step
 from linearkit.rules import rule_for
-from linearkit.train import build_model
+from linearkit.training.recipe import build_model
 from linearkit.transforms import (
     add_lora,
     extract_lora,

@@ -8,9 +8,9 @@ import pytest
 import linearkit as lk
 from linearkit.io.safetensors_header import read_header
 from linearkit.layers.quantized import QuantizedLinear, QuantizedTrainingError
-from linearkit.loop import step
+from linearkit.training.loop import step
 from linearkit.rules import rule_for
-from linearkit.train import accuracy, train
+from linearkit.training.recipe import accuracy, train
 from linearkit.transforms import quantize, quantize_weight
 
 torch = pytest.importorskip("torch")

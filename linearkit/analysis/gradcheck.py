@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..layers.dropout import Dropout
-from ..module import Module
+from ..core.module import Module
 
 __all__ = ["GradcheckError", "GradcheckResult", "Mismatch", "TensorReport", "gradcheck"]
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._render import markdown_table
+from .render import markdown_table
 
 __all__ = ["RangeReport", "RangeRow", "dtype_limits", "range_check"]
 
@@ -153,8 +153,8 @@ def range_check(model, x, dtype=np.float16, *, headroom: float = 16.0,
     -------
     RangeReport
     """
-    from ..hooks import observe
-    from ..module import Module
+    from ..core.hooks import observe
+    from ..core.module import Module
 
     if not isinstance(model, Module):
         raise TypeError(f"range_check() takes a linearkit Module, got {type(model).__name__}")

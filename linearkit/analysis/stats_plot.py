@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._render import agg_figure
+from .render import agg_figure
 
 __all__ = ["plot_report"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._render import markdown_table, text_table
+from .render import markdown_table, text_table
 from .stats_flags import Flag, LayerStats, find_flags
 
 __all__ = ["StatsReport"]

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..random import resolve
+from ..core.random import resolve
 
 __all__ = ["DataLoader"]
 

@@ -39,7 +39,7 @@ from .reducer import (
 )
 from .sampler import DistributedSampler, shard_indices
 from .sharding import gather_linear, parallel_mlp, shard_linear
-from .training import shard_batch, step
+from .data_parallel import shard_batch, step
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "DEFAULT_TIMEOUT", "ColumnParallelLinear",
            "DistributedSampler", "GradientReducer", "RowParallelLinear", "abort",

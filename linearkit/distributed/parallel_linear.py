@@ -27,8 +27,8 @@ import numpy as np
 from .. import functional as F
 from ..errors import ShapeError
 from ..layers._checks import as_input, feature_count
-from ..module import Module, Parameter
-from ..random import resolve
+from ..core.module import Module, Parameter
+from ..core.random import resolve
 from . import comm as _comm
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "split_range"]

@@ -74,7 +74,7 @@ class GradientReducer:
         Most bytes per flat buffer (>= 1; a parameter larger than that gets a bucket alone).
     overlap : bool
         Start each bucket's ``Iallreduce`` during the backward, as soon as the backward of
-        every module owning its parameters has run (call hooks, ``linearkit.hooks``) — needs a
+        every module owning its parameters has run (call hooks, ``linearkit.core.hooks``) — needs a
         Module. Buckets launch in bucket order, so every rank issues the same collectives in the
         same order. See docs/distributed.md for what it buys on CPU MPI.
 
@@ -93,7 +93,7 @@ class GradientReducer:
 
     def __init__(self, params, *, comm=None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  overlap: bool = False):
-        from ..module import Module
+        from ..core.module import Module
 
         if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, (int, np.integer)) \
                 or bucket_bytes < 1:

@@ -34,7 +34,7 @@ What ``run()`` trains, exactly (every choice is an argument of :class:`Config`):
   activation/gradient statistics from :func:`linearkit.analysis.stats.record_stats` on 256
   training samples.
 
-BLAS is limited to one thread while training (``linearkit.threads.num_threads(1)``): these
+BLAS is limited to one thread while training (``linearkit.backend.threads.num_threads(1)``): these
 GEMMs (64 x 256 x 256) are too small to gain from threads, and on a shared 2-core machine
 OpenBLAS's spinning threads made an epoch 5-10x slower.
 
@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .._render import markdown_table, text_table
+from ..analysis.render import markdown_table, text_table
 from .pages import repo_docs
 
 __all__ = ["INITS", "Config", "Result", "Run", "build_mlp", "main", "make_task", "run"]
@@ -132,7 +132,7 @@ def build_mlp(d_in: int, depth: int, init: str, *, width: int = 256, classes: in
     """``depth`` Linear layers with ReLU between, every Linear initialized by ``init``."""
     from .. import init as I
     from ..layers import Linear, ReLU, Sequential
-    from ..random import resolve
+    from ..core.random import resolve
 
     if init not in INITS:
         raise ValueError(f"unknown init {init!r}; expected one of {', '.join(INITS)}")
@@ -187,8 +187,8 @@ class Run:
 
 
 def _evaluate(model, loss_fn, x, y) -> tuple[float, float]:
-    """``(loss, accuracy)`` on ``(x, y)``: :func:`linearkit.loop.evaluate`, batches of 1,000."""
-    from ..loop import evaluate
+    """``(loss, accuracy)`` on ``(x, y)``: :func:`linearkit.training.loop.evaluate`, batches of 1,000."""
+    from ..training.loop import evaluate
 
     got = evaluate(model, x, y, batch_size=1000, loss_fn=loss_fn)
     return got["loss"], got["accuracy"]
@@ -219,7 +219,7 @@ def train_one(task: str, depth: int, init: str, data, config: Config,
     """
     from ..analysis.stats import record_stats
     from ..data import DataLoader
-    from ..loop import step
+    from ..training.loop import step
     from ..losses import CrossEntropyLoss
     from ..optim import SGD, Adam
 
@@ -338,7 +338,7 @@ def run(out_dir=DEFAULT_OUT_DIR, quick: bool = False, seed: int = 0, *,
     Result
         ``result.runs`` (one :class:`Run` each), ``str(result)`` the table, ``result.files``.
     """
-    from ..threads import num_threads
+    from ..backend.threads import num_threads
 
     if config is None:
         config = Config.quick(seed) if quick else Config(seed=seed)
@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     """``linearkit experiment init-depth [--quick] [--out-dir DIR | --write-docs | --no-write]
     [--seed N] [--epochs N]``. Every argument is checked before training; a mistake is one line
     on stderr and exit status 2."""
-    from .._args import Parser, UsageError, check_writable_dir, int_at_least
+    from ..cli.args import Parser, UsageError, check_writable_dir, int_at_least
 
     parser = Parser(
         prog="linearkit experiment init-depth",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._render import agg_figure
+from ..analysis.render import agg_figure
 from .init_depth import CHANCE, INITS, Result
 
 __all__ = ["plot_curves", "plot_stats"]

@@ -48,7 +48,7 @@ def parse_page_args(name: str, description: str, page: str, default_out_dir: str
     """
     import importlib
 
-    from .._args import Parser, UsageError, check_writable_dir, int_at_least
+    from ..cli.args import Parser, UsageError, check_writable_dir, int_at_least
 
     parser = Parser(prog=f"linearkit experiment {name}", description=description)
     stem = page.rsplit(".", 1)[0]
@@ -93,7 +93,7 @@ def run_page(cfg, measure, render, page: str, out_dir, write: bool, log) -> obje
     """``measure(cfg, log)`` on ``cfg.threads`` BLAS threads (fixed, so no ratio depends on the
     adaptive policy's choice of the moment), then, unless ``write`` is False, ``render(result)``
     written to ``out_dir/page`` (``<stem>_quick.md`` for a quick config). Returns the result."""
-    from ..threads import num_threads
+    from ..backend.threads import num_threads
 
     with num_threads(cfg.threads):
         result = measure(cfg, log)

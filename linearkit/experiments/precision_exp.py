@@ -7,7 +7,7 @@ underflow to zero without loss scaling and whether training stalls, against the 
 (004 §6.2); a long dot product accumulated in float16 against float32 ("累加溢出", 004 §6.2);
 the memory of the article's ``Linear(1024, 4096)`` on ``[64, 128, 1024]`` with 16-bit storage,
 activations and gradients (000 §4.1); gradient accumulation that forgets to divide by k against
-``linearkit.accumulation`` (004 §6.3); activation checkpointing's memory against its time
+``linearkit.training.accumulation`` (004 §6.3); activation checkpointing's memory against its time
 (000 §4.1); and the initialization that is fine in float32 and breaks a float16 run, found by
 ``range_check`` and ``detect_anomaly`` (004 §6.2). Every number on the page comes from one
 ``run`` (the module is named ``precision_exp`` so as not to read as ``linearkit.precision``).
@@ -77,7 +77,7 @@ class Result:
 # ---------------------------------------------------------------- shared pieces
 def _recipe(seed: int, dtype=np.float32):
     """The MNIST-1D recipe's MLP (40 -> 100 -> residual 100 -> 10), stored in ``dtype``."""
-    from ..train import build_model
+    from ..training.recipe import build_model
 
     model = build_model("mlp", 100, rng=np.random.default_rng(seed))
     return model if np.dtype(dtype) == np.float32 else model.to(dtype)
@@ -92,14 +92,14 @@ def _batches(x, y, seed: int, batch: int = 100):
 
 
 def _accuracy(model, x, y) -> float:
-    from ..train import accuracy
+    from ..training.recipe import accuracy
 
     return accuracy(model, x, y)
 
 
 def _train_loss(model, x, y) -> float:
     """Mean cross-entropy of the whole training set (eval mode, no backward state)."""
-    from ..loop import evaluate
+    from ..training.loop import evaluate
     from ..losses import CrossEntropyLoss
 
     with np.errstate(all="ignore"):
@@ -157,7 +157,7 @@ def train_fp16_grads(data, cfg: Config, *, scaler: bool, steps: int, optimizer: 
     ``lr = cfg.sgd_lr / weight``, so that in exact arithmetic the weight cancels.
     """
     from .. import optim, precision
-    from ..amp import GradScaler
+    from ..training.amp import GradScaler
     from ..losses import CrossEntropyLoss
 
     model = _recipe(cfg.seed, np.float16)
@@ -200,7 +200,7 @@ def train_fp16_grads(data, cfg: Config, *, scaler: bool, steps: int, optimizer: 
 # ---------------------------------------------------------------- 1. loss scaling
 def loss_scaling(data, cfg: Config) -> dict:
     """004 §6.2: float16 gradients underflow to 0; loss scaling is the cure."""
-    from ..train import train
+    from ..training.recipe import train
 
     out = {"adam": {}, "recipes": {}, "sgd": []}
     for scaled in (False, True):
@@ -352,7 +352,7 @@ def memory(cfg: Config) -> list[dict]:
 # ---------------------------------------------------------------- 4. gradient accumulation
 def _forgetful_backward(model, loss_fn, x, y, k: int) -> None:
     """The pitfall: k micro-batches, each mean loss backpropagated from dy = 1 (no 1/k)."""
-    from ..accumulation import micro_batch_slices
+    from ..training.accumulation import micro_batch_slices
 
     for rows in micro_batch_slices(len(x), k):
         pred, back = model.vjp(x[rows], input_grad=False)
@@ -369,8 +369,8 @@ def _forgetful_step(model, loss_fn, opt, x, y, k: int) -> None:
 def _accum_train(data, cfg: Config, mode: str, lr: float, steps: int, dtype=np.float32):
     """SGD (momentum 0.9) on batches of ``k x 100`` rows: ``mode`` 'big' (one batch), 'helper'
     (``accumulated_step``, k micro-batches) or 'forgetful' (k micro-batches, no division)."""
-    from ..accumulation import accumulated_step
-    from ..loop import step as loop_step
+    from ..training.accumulation import accumulated_step
+    from ..training.loop import step as loop_step
     from ..losses import CrossEntropyLoss
     from ..optim import SGD
 
@@ -399,7 +399,7 @@ def _max_dw(a, b) -> float:
 
 def accumulation(data, cfg: Config) -> dict:
     """004 §6.3: accumulate k micro-batches, and divide by k — or the learning rate is k x."""
-    from ..accumulation import accumulate
+    from ..training.accumulation import accumulate
     from ..layers import BatchNorm1d, Linear, ReLU, Sequential
     from ..losses import CrossEntropyLoss
     from ..optim import SGD
@@ -439,11 +439,11 @@ def accumulation(data, cfg: Config) -> dict:
                            Linear(100, 10, rng=rng)).train()
         opt = SGD(model.parameters(), lr=lr)
         if mode == "big":
-            from ..loop import step as loop_step
+            from ..training.loop import step as loop_step
 
             loop_step(model, loss_fn, opt, x, y)
         else:
-            from ..accumulation import accumulated_step
+            from ..training.accumulation import accumulated_step
 
             accumulated_step(model, loss_fn, opt, x, y, micro_batches=k)
         stats[mode] = model
@@ -464,7 +464,7 @@ def accumulation(data, cfg: Config) -> dict:
 # ---------------------------------------------------------------- 5. checkpointing
 def checkpointing(cfg: Config) -> dict:
     """000 §4.1: "牺牲一些计算时间来换显存" — ``measure_checkpointing`` on a deep MLP."""
-    from ..checkpoint_measure import measure_checkpointing
+    from ..analysis.checkpoint_measure import measure_checkpointing
 
     params = dict(cfg.ckpt)
     return {**params, **measure_checkpointing(**params)}
@@ -491,11 +491,11 @@ def init_pitfall(data, cfg: Config) -> dict:
     cure: one forward, each layer's range (``range_check``), and ``detect_anomaly``."""
     from .. import precision
     from ..analysis import range_check
-    from ..anomaly import detect_anomaly
+    from ..core.anomaly import detect_anomaly
     from ..errors import AnomalyError
     from ..losses import CrossEntropyLoss
     from ..optim import Adam
-    from ..train import train
+    from ..training.recipe import train
 
     std, seed = cfg.pitfall_std, cfg.seed
     probe_x, probe_y = data.x_train[:100], data.y_train[:100]

@@ -111,7 +111,7 @@ def _mlp(n_in: int, hidden: int, classes: int, rng, norm: bool = False):
 
 
 def _train(task: Task, model, steps: int, seed: int, lr: float = 1e-2):
-    from ..train import train
+    from ..training.recipe import train
 
     start = time.perf_counter()
     model, _ = train(model=model, dataset=(task.x_train, task.y_train, task.x_test, task.y_test),
@@ -120,7 +120,7 @@ def _train(task: Task, model, steps: int, seed: int, lr: float = 1e-2):
 
 
 def _accuracy(model, x, y) -> float:
-    from ..train import accuracy
+    from ..training.recipe import accuracy
 
     return accuracy(model, x, y)
 
@@ -199,7 +199,7 @@ def fold_and_merge(task: Task, cfg: Config) -> dict:
     """A model with a BatchNorm1d and a Linear-Dropout-Linear head, trained, then folded and
     merged: exactness, parameters, FLOPs and latency before and after."""
     from ..analysis import ledger
-    from ..timing import same_run_seconds
+    from ..analysis.timing import same_run_seconds
     from ..transforms import fold_norm, merge_linear
 
     rng = np.random.default_rng(cfg.seed)
@@ -284,7 +284,7 @@ def lora(task: Task, cfg: Config) -> dict:
     from ..analysis import ledger
     from ..losses import CrossEntropyLoss
     from ..optim import Adam
-    from ..train import train
+    from ..training.recipe import train
     from ..transforms import add_lora, merge_lora
 
     perm = np.arange(int(task.y_train.max()) + 1)

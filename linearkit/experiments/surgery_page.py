@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._render import markdown_table
+from ..analysis.render import markdown_table
 
 __all__ = ["render_page"]
 
@@ -37,7 +37,7 @@ def _header(result) -> list[str]:
     rows = [(name, f"{t['train_rows']:,} / {t['test_rows']:,}", f"{t['params']:,}",
              _pct(t["accuracy"]), f"{t['seconds']:.1f} s")
             for name, t in result.tasks.items()]
-    lines += [(f"Base models, trained here with `linearkit.train` (Adam, lr 1e-2, batch 100, "
+    lines += [(f"Base models, trained here with `linearkit.training.recipe` (Adam, lr 1e-2, batch 100, "
                f"{c.steps} steps): `in -> {c.hidden} ReLU -> {c.hidden} ReLU -> 10`."), "",
               markdown_table(("task", "train / test rows", "params", "test accuracy",
                               "training time"), rows, left={0}), ""]

@@ -12,7 +12,7 @@ import os
 import warnings
 
 from ..errors import FormatError
-from ..module import Module
+from ..core.module import Module
 
 __all__ = ["SPEC_KEY", "architecture_metadata", "load_model", "model_from_metadata", "read_spec"]
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 
 from ..errors import FormatError
-from ..module import Module
+from ..core.module import Module
 
 __all__ = ["FORMAT", "build_model", "model_spec", "spec_from_json", "type_name"]
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from .. import layers as L
 from ..errors import FormatError
-from ..module import Module
+from ..core.module import Module
 
 __all__ = ["from_torch", "load_torch_state", "to_torch"]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..module import Module
+from ..core.module import Module
 
 __all__ = ["VerifyReport", "verify"]
 

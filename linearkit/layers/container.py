@@ -7,8 +7,8 @@ from collections import OrderedDict
 import numpy as np
 
 from ..errors import ShapeError
-from ..module import Module
-from . import fused as _fused
+from ..core.module import Module
+from ..runtime import thin_path as _fused
 
 __all__ = ["Residual", "Sequential"]
 
@@ -115,7 +115,7 @@ class Sequential(Module):
         """Chain the children's closures; backward runs them in reverse.
 
         Built-in children run on the thin path while nothing observes them one by one
-        (``layers/fused.py``: no guard per child, ``Linear -> ReLU`` as one step; same values).
+        (``runtime/thin_path.py``: no guard per child, ``Linear -> ReLU`` as one step; same values).
         A child gets ``input_grad=False`` when neither the caller nor any earlier child needs a
         gradient through it (a first layer, or a frozen prefix): its dX GEMM is skipped and the
         frozen prefix is not visited in backward at all.

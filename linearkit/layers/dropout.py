@@ -6,8 +6,8 @@ import numbers
 
 import numpy as np
 
-from ..module import Module
-from ..random import resolve
+from ..core.module import Module
+from ..core.random import resolve
 
 __all__ = ["Dropout"]
 

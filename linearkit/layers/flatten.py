@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from ..errors import ShapeError
-from ..module import Module
+from ..core.module import Module
 
 __all__ = ["Flatten"]
 

@@ -9,8 +9,8 @@ import numpy as np
 from .. import functional as F
 from .. import precision as P
 from ..errors import ShapeError
-from ..module import Module, Parameter
-from ..random import resolve
+from ..core.module import Module, Parameter
+from ..core.random import resolve
 from ._checks import as_input, feature_count, float_dtype
 
 __all__ = ["Identity", "LazyLinear", "Linear", "linear_from"]
@@ -209,7 +209,7 @@ def linear_backward_into(weight: Parameter, bias: Parameter | None, dy: np.ndarr
     """A float32/float64 Linear's backward for ``dy (*, out)``: adds ``dW = dyᵀ x`` and
     ``db = Σ dy`` into ``.grad`` (when asked; straight into a zeroed ``.grad`` when there is one,
     ``Parameter.add_grad``) and returns ``dx = dy W (*, in)``, or None without ``input_grad``.
-    ``Linear.vjp`` and the fused ``Linear -> ReLU`` step (``layers/fused.py``) both end here."""
+    ``Linear.vjp`` and the fused ``Linear -> ReLU`` step (``runtime/thin_path.py``) both end here."""
     if need_dw:
         weight.add_grad(write=lambda out, acc: F.linear_weight_grad(dy, x, out, acc))
     if need_db:

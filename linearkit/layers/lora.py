@@ -8,7 +8,7 @@ import numbers
 import numpy as np
 
 from .. import init
-from ..module import Module
+from ..core.module import Module
 from ._checks import as_input
 from .container import trains
 from .dropout import Dropout

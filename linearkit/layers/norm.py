@@ -11,7 +11,7 @@ import numpy as np
 from .. import functional as F
 from .. import precision as P
 from ..errors import ShapeError
-from ..module import Module, Parameter
+from ..core.module import Module, Parameter
 from ._checks import as_input, feature_count, float_dtype
 
 __all__ = ["BatchNorm1d", "LayerNorm", "check_batch_norm_input", "running_stats_frozen"]
@@ -23,7 +23,7 @@ _frozen = 0  # > 0: BatchNorm1d updates no running statistics (see running_stats
 def running_stats_frozen():
     """Inside, BatchNorm1d in training still normalizes with the batch's statistics but neither
     updates its running statistics nor counts ``num_batches_tracked``: a checkpoint's recompute
-    (``linearkit.checkpointing``) runs a batch the forward already counted."""
+    (``linearkit.training.checkpointing``) runs a batch the forward already counted."""
     global _frozen
     _frozen += 1
     try:

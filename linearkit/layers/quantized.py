@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import functional as F
 from ..errors import ShapeError, _Located
-from ..module import Module
+from ..core.module import Module
 from ._checks import as_input, feature_count, float_dtype
 from .linear import Linear
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import functional as F
 from ..errors import ShapeError
-from ..module import Module, Parameter
+from ..core.module import Module, Parameter
 from ._checks import as_input, feature_count, float_dtype
 from .linear import Linear
 

@@ -213,7 +213,7 @@ class Adam(Optimizer):
             self.state[p]["step"] = t
         # The first step moves the gradients into the flat buffer (so zero_grad(set_to_none=
         # False) is one fill and the next backwards write there). After that the compiled step
-        # (linearkit.fast) reads each p.grad where it is: gradients a backward made fresh after
+        # (linearkit.backend.fast) reads each p.grad where it is: gradients a backward made fresh after
         # the default zero_grad(set_to_none=True) are not copied in first.
         if not flat.adopted:
             flat.adopt_grads(params)

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ..module import Parameter
+from ..core.module import Parameter
 
 __all__ = ["clip_grad_norm_", "clip_grad_value_"]
 

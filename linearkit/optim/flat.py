@@ -21,7 +21,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from .. import fast
+from ..backend import fast
 
 __all__ = ["FlatState", "flat_state", "fused_adam", "fused_sgd"]
 
@@ -120,7 +120,7 @@ class FlatState:
 
 def fused_adam(flat: FlatState, params: list, keys: tuple, step: int, hyper: dict,
                zero_grads: bool = False) -> bool:
-    """Step the group with the compiled one-pass kernel (``linearkit.fast``) when it can.
+    """Step the group with the compiled one-pass kernel (``linearkit.backend.fast``) when it can.
 
     Returns False, having touched nothing, for a mixed-precision group, a dtype other than
     float32/float64, a ``p.data`` not C-contiguous or reshaped since the packing, numba absent

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import precision
-from ..module import Parameter
+from ..core.module import Parameter
 from . import loading
 
 if TYPE_CHECKING:
@@ -179,7 +179,7 @@ class Optimizer:
         An optimizer whose compiled step can zero the gradients it has just read does so in the
         same pass (Adam/AdamW, ``set_to_none=False``, after the first step: one pass less over
         the gradients, ~50 us on the 269k parameters of MLP 784-256-256-10 here);
-        ``linearkit.loop.step`` calls this. Groups are disjoint, so each is stepped and zeroed
+        ``linearkit.training.loop.step`` calls this. Groups are disjoint, so each is stepped and zeroed
         in turn.
         """
         if set_to_none or not self._zeroes_while_stepping or type(self).step is not Optimizer.step:

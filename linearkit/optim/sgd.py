@@ -58,7 +58,7 @@ class SGD(Optimizer):
         dampening, weight_decay = float(group["dampening"]), float(group["weight_decay"])
         nesterov, maximize = group["nesterov"], group["maximize"]
         for p, grad in self._trainable(group):
-            if momentum != 0 and fused_sgd(self, p, grad, group):  # linearkit.fast: one pass
+            if momentum != 0 and fused_sgd(self, p, grad, group):  # linearkit.backend.fast: one pass
                 continue
             low = p.data.itemsize == 2  # 16-bit: step the float32 master, round into p.data
             if low:

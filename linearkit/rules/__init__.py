@@ -24,14 +24,14 @@ fields to the same rules. A new layer, the library's or a user's, adds one entry
 
 Rules are looked up through the MRO: a subclass inherits its base's rule unless it has its own,
 and a rule registered for a type replaces the one it had. The built-in rules are in
-``linearkit/rules/builtin.py``; the counting conventions in ``linearkit/rules/costs.py``.
+``linearkit/rules/builtin.py``; the counting conventions in ``linearkit/rules/cost_rules.py``.
 """
 
-from . import costs
+from . import cost_rules as costs  # the public name: linearkit.rules.costs
 from .builtin import register_builtin_rules
 from .rebuild import Rebuild
 from .registry import LayerRule, RuleHandle, register_rule, registered_types, rule_for
-from .surgery import register_surgery_rules
+from .surgery_rules import register_surgery_rules
 
 register_builtin_rules()
 register_surgery_rules()

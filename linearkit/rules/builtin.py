@@ -32,7 +32,7 @@ from ..layers import (
 )
 from ..layers.container import trains
 from ..layers.norm import check_batch_norm_input
-from .costs import ZERO, elementwise_cost, lead, linear_cost, norm_module_cost
+from .cost_rules import ZERO, elementwise_cost, lead, linear_cost, norm_module_cost
 from .onnx_rules import BUILTIN_ONNX
 from .rebuild import BUILTIN_REBUILDS
 from .registry import LayerRule, register_rule

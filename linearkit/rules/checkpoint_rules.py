@@ -1,4 +1,4 @@
-"""The rule of ``Checkpoint`` (activation checkpointing: ``linearkit.checkpointing``).
+"""The rule of ``Checkpoint`` (activation checkpointing: ``linearkit.training.checkpointing``).
 
 Its kind, ``'checkpoint'``, tells the ledger that the children's saved arrays are recomputed in
 the backward rather than held from the forward, and its ``compose`` walks the wrapped module as
@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import math
 
-from ..checkpointing import Checkpoint
+from ..training.checkpointing import Checkpoint
 from ..layers.container import trains
-from .costs import ZERO
+from .cost_rules import ZERO
 from .rebuild import Rebuild
 from .registry import LayerRule
 

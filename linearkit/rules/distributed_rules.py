@@ -16,7 +16,7 @@ import math
 
 from ..distributed.parallel_linear import ColumnParallelLinear, RowParallelLinear
 from ..errors import ShapeError
-from .costs import lead, linear_cost
+from .cost_rules import lead, linear_cost
 from .registry import LayerRule
 
 __all__ = ["COLUMN_PARALLEL_LINEAR", "ROW_PARALLEL_LINEAR", "RULES", "comm_bytes"]

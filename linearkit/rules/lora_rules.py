@@ -22,7 +22,7 @@ import numpy as np
 from ..layers.container import trains
 from ..layers.linear import Identity, Linear
 from ..layers.lora import LoRALinear
-from .costs import lead
+from .cost_rules import lead
 from .rebuild import Rebuild
 from .registry import LayerRule
 

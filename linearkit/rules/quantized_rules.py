@@ -3,7 +3,7 @@
 Its kind is ``'quantized-linear'``, not ``'linear'``: the ledger's findings read ``'linear'`` rows
 as float ``Linear`` layers that ``merge_linear`` / ``fold_norm`` / ``factorize`` can edit, and
 none of them applies to int8 weights (dequantize first). Cost, per call on ``B`` rows
-(``rules/costs.py``'s conventions):
+(``rules/cost_rules.py``'s conventions):
 
 * MACs ``B·in·out`` and GEMM FLOPs ``2·B·in·out``, as a Linear; bias ``B·out``;
 * elementwise: ``in·out`` (the int8 -> float cast of the weight, once per call) plus ``B·out``
@@ -15,7 +15,7 @@ none of them applies to int8 weights (dequantize first). Cost, per call on ``B``
 from __future__ import annotations
 
 from ..layers.quantized import QuantizedLinear
-from .costs import lead
+from .cost_rules import lead
 from .rebuild import Rebuild
 from .registry import LayerRule
 

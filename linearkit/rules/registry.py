@@ -45,7 +45,7 @@ class LayerRule:
     cost : ``cost(m, in_shape, need_dx) -> (macs, gemm_flops, bias_flops, elementwise_flops,
         backward_macs, backward_flops)``, optional
         Multiply-adds and FLOPs of one call on an input of ``in_shape`` (see
-        ``linearkit.rules.costs`` for the conventions and the helpers). ``need_dx``: something
+        ``linearkit.rules.cost_rules`` for the conventions and the helpers). ``need_dx``: something
         before the layer needs the input gradient, so the backward computes dX. None: unknown
         (the ledger says the FLOPs are missing).
     saved : ``saved(m, in_shape, need_dx) -> [(what, numel[, dtype]), ...]``, optional
@@ -179,7 +179,7 @@ def register_rule(layer_type: type, rule: LayerRule) -> RuleHandle:
     if not isinstance(layer_type, type):
         raise TypeError(f"register_rule() takes a layer class, got {type(layer_type).__name__} "
                         f"{layer_type!r}; pass type(module) for an instance")
-    from ..module import Module
+    from ..core.module import Module
 
     if not issubclass(layer_type, Module):
         raise TypeError(f"register_rule() takes a linearkit Module subclass, got "

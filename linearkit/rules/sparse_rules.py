@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from ..layers.sparse import SparseLinear
-from .costs import lead
+from .cost_rules import lead
 from .rebuild import Rebuild
 from .registry import LayerRule
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 
-from .report import TransformReport
+from .transform_report import TransformReport
 
 #: public name -> the submodule that defines it (loaded on first use). No submodule may share
 #: a public function's name: importing ``transforms.quantize`` would bind the module over the

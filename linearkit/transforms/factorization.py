@@ -25,10 +25,10 @@ import numbers
 import numpy as np
 
 from ..layers import Linear, Sequential
-from ..module import Module
+from ..core.module import Module
 from ..rules import rule_for
-from ..timing import same_run_seconds
-from .report import TransformReport
+from ..analysis.timing import same_run_seconds
+from .transform_report import TransformReport
 from .walk import copy_model, finish, linear_from, named, select_linears, set_submodule
 
 # rank_sweep and RankSweep (sweep.py) are importable from here too (module __getattr__).
@@ -329,7 +329,7 @@ def _changed_line(entry: dict, layer: Linear, pair: Sequential) -> str:
 def __getattr__(name):
     # rank_sweep lives in sweep.py (which imports this module), loaded on first use.
     if name in ("rank_sweep", "RankSweep"):
-        from . import sweep
+        from . import factorize_sweep as sweep
 
         return getattr(sweep, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,8 +18,8 @@ import time
 import numpy as np
 
 from ..layers import Linear
-from ..threads import get_num_threads
-from ..timing import same_run_seconds
+from ..backend.threads import get_num_threads
+from ..analysis.timing import same_run_seconds
 from .factorization import factorize
 
 __all__ = ["CLAIM", "measure_factorization_claim"]

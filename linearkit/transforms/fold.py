@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..layers import BatchNorm1d, LayerNorm, Linear
-from ..module import Module
+from ..core.module import Module
 from ..rules import rule_for
 from .merge import _as_float64, bias_through, edit_chains, join
 from .walk import copy_model, finish, linear_from, lists, named

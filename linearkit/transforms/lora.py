@@ -32,10 +32,10 @@ import numpy as np
 
 from ..layers import Linear
 from ..layers.lora import LoRALinear
-from ..module import Module
-from ..random import resolve
+from ..core.module import Module
+from ..core.random import resolve
 from ..rules import rule_for
-from .report import TransformReport
+from .transform_report import TransformReport
 from .walk import copy_model, finish, linear_from, named, select_linears, set_submodule
 
 __all__ = ["LoRAReport", "add_lora", "extract_lora", "extract_lora_weights", "merge_lora",

@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import FormatError
 from ..layers import Linear
 from ..layers.lora import LoRALinear
-from ..module import Module
+from ..core.module import Module
 from .lora import (
     LoRAReport,
     _adapters,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..layers import LazyLinear, Linear, Sequential
-from ..module import Module
+from ..core.module import Module
 from ..rules import rule_for
 from .walk import copy_model, finish, linear_from, lists, named, set_submodule
 

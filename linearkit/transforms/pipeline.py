@@ -8,7 +8,7 @@ fold the norms (into the Linears around them) -> merge the linear runs (now long
 
 from __future__ import annotations
 
-from ..module import Module
+from ..core.module import Module
 
 __all__ = ["compress", "load_any"]
 

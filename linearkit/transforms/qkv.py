@@ -14,7 +14,7 @@ import itertools
 import numpy as np
 
 from ..layers import Linear
-from ..module import Module
+from ..core.module import Module
 from .walk import finish, linear_from, named
 
 __all__ = ["fuse_qkv", "fuse_qkv_weights", "split_qkv", "time_qkv"]
@@ -169,9 +169,9 @@ def time_qkv(d: int, batch: int, repeats: int = 7, *, threads: int | None = None
     'ratio'}`` (``ratio`` = three / fused; > 1 means fusing wins). Medians of ``repeats``, the
     two timed round-robin in the same run (``timing.same_run_seconds``). ``threads``: a fixed
     BLAS thread count for the run, or None for linearkit's adaptive policy (which may give the
-    fused GEMM more threads than three smaller ones; see ``linearkit.threads``)."""
-    from ..threads import num_threads
-    from ..timing import same_run_seconds
+    fused GEMM more threads than three smaller ones; see ``linearkit.backend.threads``)."""
+    from ..backend.threads import num_threads
+    from ..analysis.timing import same_run_seconds
 
     rng = np.random.default_rng(seed)
     q, k, v = (Linear(d, d, rng=rng) for _ in range(3))

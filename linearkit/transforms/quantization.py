@@ -13,9 +13,9 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..layers.quantized import ACTIVATION_MODES, QuantizedLinear, int8_rows
-from ..module import Module
+from ..core.module import Module
 from ..rules import rule_for
-from .report import evaluating, probe_inputs, state_size
+from .transform_report import evaluating, probe_inputs, state_size
 from .walk import copy_model, finish, named, select_linears, set_submodule
 
 __all__ = ["SCHEMES", "quantize", "quantize_weight"]

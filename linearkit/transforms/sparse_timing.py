@@ -15,7 +15,7 @@ import numpy as np
 
 from ..layers import Linear
 from ..layers.sparse import SparseLinear
-from ..timing import same_run_seconds
+from ..analysis.timing import same_run_seconds
 from .pruning import prune_weight
 
 __all__ = ["sparse_vs_dense"]

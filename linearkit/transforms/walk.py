@@ -10,9 +10,9 @@ import numpy as np
 
 from ..layers import LazyLinear, Linear
 from ..layers.linear import linear_from
-from ..module import Module
+from ..core.module import Module
 from ..rules import rule_for
-from .report import TransformReport, compare_models, probe_inputs, state_size
+from .transform_report import TransformReport, compare_models, probe_inputs, state_size
 
 __all__ = ["copy_model", "finish", "linear_from", "lists", "named", "select_linears",
            "set_submodule"]

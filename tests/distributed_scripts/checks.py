@@ -16,8 +16,8 @@ import numpy as np
 
 import linearkit as lk
 from linearkit import distributed as D
-from linearkit.accumulation import accumulated_step
-from linearkit.amp import GradScaler
+from linearkit.training.accumulation import accumulated_step
+from linearkit.training.amp import GradScaler
 from linearkit.data import DataLoader
 
 TOL = {"atol": 1e-12, "rtol": 1e-12}
@@ -112,7 +112,7 @@ def dp_averaged_gradient_is_the_full_batch_gradient():
     """Adam and clipping hide a wrongly scaled gradient; compare the gradient itself."""
     x, y = data(12)
     ref = make_model(1)
-    from linearkit.accumulation import accumulate
+    from linearkit.training.accumulation import accumulate
 
     accumulate(ref, lk.CrossEntropyLoss(), x, y, micro_batches=1)
     model = make_model(1)

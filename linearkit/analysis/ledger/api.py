@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from ...module import Module
+from ...core.module import Module
 from .budget import OPTIMIZER_STATES, finish
 from .linearkit_model import linearkit_pass
 from .presets import PRESETS, preset

@@ -1,12 +1,12 @@
 """The ledger's counting conventions, as printed with every table.
 
-The formulas themselves live with the layer rules (``linearkit.rules.costs``), which both the
+The formulas themselves live with the layer rules (``linearkit.rules.cost_rules``), which both the
 linearkit and the PyTorch path cost with; they are re-exported here.
 """
 
 from __future__ import annotations
 
-from ...rules.costs import (
+from ...rules.cost_rules import (
     ELEMENTWISE_FLOPS,
     ZERO,
     elementwise_cost,

@@ -1,7 +1,7 @@
 """The ledger's fallback for a linearkit module type it has no rule for: run it once, for real.
 
 The module's ``vjp`` runs on a copy, on zeros; the calls of known layers inside are observed
-through call hooks (``linearkit.hooks.observe``) and costed by their rules, and the bytes the
+through call hooks (``linearkit.core.hooks.observe``) and costed by their rules, and the bytes the
 returned backward closure holds are measured by walking the closure. The model is left exactly
 as it was.
 """
@@ -12,9 +12,9 @@ import copy
 
 import numpy as np
 
-from ... import hooks
+from ...core import hooks
 from ... import precision as P
-from ..._closures import kept_arrays
+from ...core.closures import kept_arrays
 from ...errors import _Located
 from .linearkit_layers import add_note, describe, fill_row, rule_for
 
@@ -34,7 +34,7 @@ def run_custom(lpass, m, i, path, x, need, depth):
     the closure's arrays are measured in the dtypes they are really kept in; under a
     ``dtype=`` override they are scaled to the override's compute dtype.
     """
-    from ... import random as lk_random
+    from ...core import random as lk_random
 
     acc, row = lpass.acc, lpass.acc.rows[i]
     row.kind = "custom"

@@ -22,7 +22,7 @@ import numpy as np
 
 from ... import precision as P
 from ...errors import _Located
-from ...module import Module
+from ...core.module import Module
 from .accumulator import Acc
 from .custom import run_custom
 from .linearkit_layers import describe, fill_row, rule_for

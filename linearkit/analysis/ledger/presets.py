@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...layers import Linear, ReLU, Residual, Sequential
-from ...module import Module
+from ...core.module import Module
 
 __all__ = ["PRESETS", "preset"]
 

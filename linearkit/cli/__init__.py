@@ -1,0 +1,5 @@
+"""The ``linearkit`` command."""
+
+from .commands import main
+
+__all__ = ["main"]

@@ -1,0 +1,656 @@
+"""The ``linearkit`` command: ``train`` (the main job), ``ledger``, ``inspect``, ``convert``,
+``compress``, ``gradcheck``, ``sweep``, ``experiment``.
+
+Every argument is checked before any work starts. Exit status: 0 success; 1 a failed check
+(``gradcheck``) or an internal error; 2 a user error, always ONE line on stderr, never a
+traceback; 130 interrupted (Ctrl-C; no partial file is left); 141 stdout closed early
+(``linearkit ... | head -1``: the rest of the output is dropped quietly, as a tool killed by
+SIGPIPE would). An internal error (a bug in linearkit, not a mistake in the command) prints its
+traceback and a last line saying it is a bug, with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+
+from .args import (
+    Parser,
+    UsageError,
+    check_writable_file,
+    fraction,
+    int_at_least,
+    positive_float,
+    shape,
+    storage_dtype,
+    threads,
+)
+from ..errors import DTypeError, FormatError, ShapeError
+
+#: One line on stderr, exit status 2: mistakes in what the user asked for.
+USER_ERRORS = (UsageError, ShapeError, DTypeError, FormatError)
+
+
+def _json_safe(value):
+    """``value`` with every non-finite float as None (JSON has no NaN/Infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # a NumPy scalar
+        return _json_safe(value.item())
+    return value
+
+
+def _print_json(record) -> None:
+    print(json.dumps(_json_safe(record), default=str, allow_nan=False))
+
+
+def _need_cli_extra(command: str) -> None:
+    """Fail up front when the ``cli`` extra is missing (``train`` must save .safetensors)."""
+    try:
+        import safetensors.numpy  # noqa: F401
+    except ImportError:
+        raise UsageError(f"linearkit {command} saves .safetensors and needs the cli extra: "
+                         f'pip install "linearkit[cli]"') from None
+
+
+@contextlib.contextmanager
+def _ctrl_c_between_steps(progress):
+    """Ctrl-C during training stops it at the end of the current step (KeyboardInterrupt raised
+    from the progress callback), never in the middle of a library call: an interrupt landing
+    inside tqdm's lock or a BLAS call could otherwise leave a lock held and the process hung. A
+    second Ctrl-C interrupts at once. Yields the per-step callback to pass to ``train``."""
+    import signal
+    import threading
+
+    pressed = threading.Event()
+
+    def on_sigint(signum, frame):
+        pressed.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second press: at once
+
+    def each_step(step, loss, test_acc):
+        if pressed.is_set():
+            raise KeyboardInterrupt
+        if progress is not None:
+            progress(step, loss, test_acc)
+
+    try:
+        previous = signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:  # not the main thread (an embedding caller): interrupts as before
+        yield each_step
+        return
+    try:
+        yield each_step
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed.is_set():
+        raise KeyboardInterrupt  # pressed after the last step: still an interrupted run
+
+
+def _ranks(args: argparse.Namespace) -> tuple[int, bool]:
+    """``(ranks, inside)``: how many data-parallel ranks ``train`` runs on, and whether this
+    process already is one of them (started by mpirun) rather than the one that launches them."""
+    from ..distributed import comm as mpi
+
+    if mpi.launched():
+        try:
+            size = mpi.world_size()
+        except ImportError as exc:
+            raise UsageError(str(exc)) from None
+        if args.ranks is not None and args.ranks != size:
+            raise UsageError(f"argument --ranks: {args.ranks}, but this process runs in an MPI "
+                             f"job of {size} rank(s); drop --ranks, or start mpirun -n "
+                             f"{args.ranks}")
+        return size, size > 1
+    return (1 if args.ranks is None else args.ranks), False
+
+
+def _launch_ranks(args: argparse.Namespace, ranks: int, out: str) -> int:
+    """Relaunch this ``linearkit train`` under ``mpirun -n ranks``; its exit status."""
+    from ..distributed import is_available
+    from ..distributed.launch import find_mpirun, run_ranks
+
+    if not is_available():
+        raise UsageError('argument --ranks: needs mpi4py: pip install "linearkit[mpi]"')
+    try:
+        find_mpirun()
+    except FileNotFoundError as exc:
+        raise UsageError(f"argument --ranks: {exc}") from None
+    argv = ["train"]
+    for key, value in vars(args).items():
+        flag = "--" + key.replace("_", "-")
+        if key == "flush_denormal" and value is False:   # on by default: say it is off
+            argv.append("--no-flush-denormal")
+        if key in ("run", "command") or value is None or value is False:
+            continue
+        argv += [flag] if value is True else [flag, str(value)]
+    argv[argv.index("--ranks") + 1] = str(ranks)
+    argv += [] if args.out else ["--out", out]
+    code = run_ranks(ranks, [sys.executable, "-m", "linearkit.cli", *argv])
+    if code:
+        print(f"linearkit train: error: the {ranks}-rank job failed (mpirun exit status {code}); "
+              "the failing rank's message is above", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _rank_is_zero() -> bool:
+    from ..distributed import rank
+
+    return rank() == 0
+
+
+def _abort_job_on_error(inside: bool):
+    """In a rank of a ``--ranks`` job, an error ends the whole job with ``rank R: message``
+    (``linearkit.distributed.abort_on_error``); elsewhere nothing changes."""
+    if not inside:
+        return contextlib.nullcontext()
+    from ..distributed import abort_on_error
+
+    return abort_on_error()
+
+
+def _train(args: argparse.Namespace) -> int:
+    from ..data import mnist1d
+    from ..io import save
+    from ..training.recipe import PAPER_ACCURACY, train
+
+    _need_cli_extra("train")
+    out = args.out or f"runs/mnist1d-{args.model}.safetensors"
+    check_writable_file(out)
+    ranks, inside = _ranks(args)
+    data = mnist1d()
+    rows = len(data.x_train)
+    if args.batch_size > rows:
+        raise UsageError(f"argument --batch-size: {args.batch_size} is more than the {rows:,} "
+                         f"training rows (the last incomplete batch is dropped, so no batch "
+                         f"would ever come); use --batch-size {rows} or less")
+    if args.batch_size % ranks:
+        fit = args.batch_size - args.batch_size % ranks or ranks
+        raise UsageError(f"argument --batch-size: {args.batch_size} is the global batch, split "
+                         f"across the {ranks} ranks, and must be a multiple of {ranks}; use "
+                         f"--batch-size {fit}")
+    if ranks > 1 and not inside:
+        return _launch_ranks(args, ranks, out)
+    lead = not inside or _rank_is_zero()
+    if os.path.exists(out) and lead:
+        print(f"linearkit train: {out} exists and will be replaced when training ends "
+              f"(Ctrl-C now keeps it)", file=sys.stderr)
+
+    bar = None
+    progress = None
+    if not args.json and lead:
+        try:
+            from tqdm import tqdm
+        except ImportError:  # the cli extra brings tqdm; without it, print every eval
+            tqdm = None
+        if inside:  # mpirun forwards a rank's output line by line: print every eval instead
+            tqdm = None
+        if tqdm is not None:
+            bar = tqdm(total=args.steps, unit="step", dynamic_ncols=True, mininterval=0.25)
+            last_acc = {"test": float("nan")}
+
+            def progress(step, loss, test_acc):
+                if test_acc is not None:
+                    last_acc["test"] = test_acc
+                bar.update(1)
+                if step % 50 == 0 or test_acc is not None:
+                    bar.set_postfix(loss=f"{loss:.3f}", test_acc=f"{last_acc['test']:.1%}",
+                                    refresh=False)
+        else:
+            def progress(step, loss, test_acc):
+                if test_acc is not None:
+                    print(f"step {step:>6}  loss {loss:.4f}  test accuracy {test_acc:.1%}")
+
+    try:
+        with _abort_job_on_error(inside), _ctrl_c_between_steps(progress) as each_step:
+            model, result = train(args.model, hidden=args.hidden, steps=args.steps, lr=args.lr,
+                                  batch_size=args.batch_size, seed=args.seed,
+                                  eval_every=args.eval_every, progress=each_step, dataset=data,
+                                  threads=args.threads, precision=args.precision,
+                                  distributed=inside, flush_denormal=args.flush_denormal)
+    finally:
+        if bar is not None:
+            bar.leave = not sys.exc_info()[0]  # interrupted: clear the bar, keep one line
+            bar.close()
+    if not lead:
+        return 0  # rank 0 saves and reports
+    recipe = {k: v for k, v in vars(args).items() if k != "run"}
+    with _abort_job_on_error(inside):
+        save(model, out, metadata={"linearkit.recipe": json.dumps(recipe, default=str)})
+    if args.json:
+        record = {k: v for k, v in result.to_dict().items() if k != "history"}
+        record["out"] = out
+        record["flush_denormal"] = args.flush_denormal
+        _print_json(record)
+        return 0
+    print(model)
+    print(f"parameters: {result.params:,}")
+    print(f"trained {result.steps:,} steps in {result.seconds:.2f} s "
+          f"({result.steps / max(result.seconds, 1e-9):,.0f} steps/s); final loss {result.final_loss:.4f}")
+    if result.precision != "fp32":
+        from ..training.recipe import PRECISIONS
+
+        scaler = (f"; the loss scaler skipped {result.skipped_steps} step(s)"
+                  if result.precision == "fp16" else "")
+        print(f"precision: {result.precision} (weights stored as {PRECISIONS[result.precision]}, "
+              f"float32 compute and master weights{scaler})")
+    if result.ranks > 1:
+        print(f"data-parallel: {result.ranks} MPI ranks, {args.batch_size // result.ranks} rows "
+              f"each of the global batch {args.batch_size}")
+    print(f"train accuracy: {result.train_accuracy:.1%}")
+    print(f"test accuracy:  {result.test_accuracy:.1%}")
+    print("paper (Greydanus 2020, MNIST-1D): logistic regression "
+          f"{PAPER_ACCURACY['linear']:.0%}, MLP {PAPER_ACCURACY['mlp']:.0%}  "
+          f"<- this run: {args.model} {result.test_accuracy:.1%}")
+    print(f"weights saved to {out}")
+    return 0
+
+
+def _check_safetensors_file(path: str) -> None:
+    """A file given to ``ledger`` must look like safetensors: an 8-byte little-endian header
+    length, then that many bytes of JSON starting with ``{``."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(9)
+    n = int.from_bytes(head[:8], "little") if len(head) >= 8 else -1
+    if len(head) < 9 or not 2 <= n <= size - 8 or head[8:9] != b"{":
+        raise UsageError(f"{path} is not a .safetensors file (no safetensors header); give a "
+                         f"file written by linearkit.save or linearkit train, or a preset")
+
+
+def _ledger(args: argparse.Namespace) -> int:
+    from ..analysis.ledger import PRESETS, ledger
+
+    if os.path.isdir(args.model):
+        raise UsageError(f"{args.model} is a folder; give a .safetensors file or a preset "
+                         f"({', '.join(PRESETS)})")
+    if os.path.isfile(args.model):
+        _need_cli_extra("ledger FILE")
+        _check_safetensors_file(args.model)
+    elif args.model not in PRESETS:
+        raise UsageError(f"{args.model!r} is neither a file nor a preset name "
+                         f"({', '.join(PRESETS)})")
+    shape_ = args.input_shape
+    if shape_ is None and args.model in PRESETS:
+        shape_ = PRESETS[args.model][1]
+    optimizer = None if args.optimizer == "none" else args.optimizer
+    try:
+        report = ledger(args.model, shape_, optimizer=optimizer, dtype=args.dtype)
+    except USER_ERRORS:
+        raise
+    except (KeyError, FileNotFoundError, ValueError) as exc:  # the ledger's checks of the input
+        raise UsageError(f"{type(exc).__name__}: {exc}") from None
+    except Exception as exc:
+        if type(exc).__module__.startswith("safetensors"):  # passed the header check, then broke
+            raise UsageError(f"{args.model} could not be read as .safetensors: {exc}") from None
+        raise
+    if args.json:
+        _print_json(report.to_dict())
+    elif args.markdown:
+        print(report.to_markdown())
+    else:
+        print(report)
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from ..io.inspect_file import describe_file, render
+
+    if not os.path.isfile(args.file):  # linearkit's own reader: no extra needed to inspect
+        raise UsageError(f"{args.file}: no such file")
+    info = describe_file(args.file)
+    if args.json:
+        _print_json(info)
+    else:
+        print(render(info))
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from ..io.convert import convert
+
+    _need_cli_extra("convert")
+    if not os.path.isfile(args.source):
+        raise UsageError(f"{args.source}: no such file")
+    check_writable_file(args.target)
+    try:
+        convert(args.source, args.target, input_shape=args.input_shape)
+    except ImportError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"wrote {args.target}")
+    return 0
+
+
+def _compress(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from ..transforms.pipeline import compress, load_any
+
+    _need_cli_extra("compress")
+    for path in [args.source] + ([args.arch] if args.arch else []) + (
+            [args.probe] if args.probe else []):
+        if not os.path.isfile(path):
+            raise UsageError(f"{path}: no such file")
+    if not args.out.lower().endswith(".safetensors"):
+        raise UsageError(f"-o {args.out}: compress writes a self-describing .safetensors model "
+                         "file; convert it afterwards (linearkit convert) if you need another")
+    if os.path.abspath(args.out) == os.path.abspath(args.source):
+        raise UsageError(f"-o {args.out} is the input file; give another output path")
+    check_writable_file(args.out, "-o")
+    probe = None
+    if args.probe:
+        try:
+            probe = np.load(args.probe, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--probe {args.probe}: not a .npy array ({exc})") from None
+    try:
+        model = load_any(args.source, args.arch)
+        if args.fold:
+            model.eval()  # compressing is for inference: BatchNorm folds with running stats
+        model, reports = compress(model, merge=args.merge, fold=args.fold, rank=args.rank,
+                                  energy=args.energy, int8=args.int8, prune=args.prune,
+                                  probe=probe)
+    except ImportError as exc:
+        raise UsageError(str(exc)) from None
+    except (ValueError, TypeError) as exc:
+        if isinstance(exc, USER_ERRORS):
+            raise
+        raise UsageError(f"{args.source}: {' '.join(str(exc).split())}") from None
+    from ..io import save
+
+    save(model, args.out)
+    for report in reports:
+        print(report)
+    print(f"wrote {args.out}: {os.path.getsize(args.source):,} -> "
+          f"{os.path.getsize(args.out):,} bytes on disk")
+    return 0
+
+
+def _gradcheck(args: argparse.Namespace) -> int:
+    from ..analysis.selfcheck import self_check
+
+    _, failed = self_check(print)
+    return 1 if failed else 0
+
+
+def _size_list(text: str) -> list[int]:
+    """``--batches`` / ``--dims``: distinct comma-separated integers >= 1, like 1,2,4,8."""
+    pieces = text.split(",")
+    bad = [q for q in pieces if not q.strip().isdigit() or int(q) < 1]
+    if bad:
+        reason = ("a piece is empty" if any(not q.strip() for q in bad)
+                  else f"{bad[0].strip()!r} is not an integer >= 1")
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, like "
+                                          f"1,2,4,8; got {text!r}: {reason}")
+    values = [int(q) for q in pieces]
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"a value is repeated in {text!r}; give each once")
+    return values
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from ..analysis.layer_sweep import batch_sweep, dim_sweep, powers_of_two
+
+    if args.plot is not None:
+        if not args.plot.lower().endswith(".png"):
+            raise UsageError(f"--plot {args.plot}: the plot is a PNG; name a file ending in .png")
+        check_writable_file(args.plot, "--plot")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            from ..analysis.layer_sweep_plot import MISSING
+
+            raise UsageError(MISSING) from None
+    if args.dims is not None and args.batches is not None:
+        raise UsageError("--dims compares widths at one --batch; --batches is for the batch "
+                         "sweep: give one of them")
+    threads_ = args.threads if isinstance(args.threads, int) else None
+    dtype = np.dtype(args.dtype)
+    try:
+        if args.dims is not None:
+            result = dim_sweep(args.dims, args.batch, dtype=dtype, backward=args.backward,
+                               repeats=args.repeats, threads=threads_)
+        else:
+            batches = args.batches or powers_of_two(args.max_batch)
+            result = batch_sweep(args.in_features, args.out_features, batches, dtype=dtype,
+                                 backward=args.backward, repeats=args.repeats, threads=threads_)
+    except ImportError as exc:  # --threads N without threadpoolctl
+        raise UsageError(str(exc)) from None
+    if args.plot is not None:
+        from ..analysis.layer_sweep_plot import plot_sweep
+
+        plot_sweep(result, args.plot)
+    if args.json:
+        record = result.to_dict()
+        record["plot"] = args.plot
+        _print_json(record)
+        return 0
+    print(result.table())
+    if args.plot is not None:
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def _experiment(args: argparse.Namespace) -> int:
+    from .. import experiments
+
+    return experiments.get(args.name).main(args.rest) or 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+    from ..experiments import EXPERIMENTS
+
+    parser = Parser(prog="linearkit",
+                    description="linearkit's command line: train the MNIST-1D baselines, the "
+                                "ledger of a model, a self-check, the experiments.",
+                    epilog="exit status: 0 ok, 1 failed check or internal error, 2 usage error, "
+                           "130 interrupted")
+    parser.add_argument("--version", action="version", version=f"linearkit {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = commands.add_parser(
+        "train", help="train an MNIST-1D baseline (the paper's MLP by default)",
+        description="Train an MNIST-1D baseline of Greydanus (2020) and save its weights.")
+    train.add_argument("--model", choices=["mlp", "linear"], default="mlp",
+                       help="the residual MLP or logistic regression")
+    train.add_argument("--hidden", type=int_at_least(1), default=100,
+                       help="hidden width of the MLP")
+    train.add_argument("--steps", type=int_at_least(1), default=6000, help="optimizer steps")
+    train.add_argument("--lr", type=positive_float, default=1e-2, help="Adam learning rate")
+    train.add_argument("--batch-size", type=int_at_least(1), default=100,
+                       help="rows per step, at most the 4,000 training rows")
+    train.add_argument("--seed", type=int_at_least(0), default=42,
+                       help="seeds the weights and the batch order")
+    train.add_argument("--eval-every", type=int_at_least(0), default=500,
+                       help="evaluate every N steps (0: only at the end)")
+    train.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                       help="parameter storage: float32, or bfloat16/float16 with float32 "
+                            "compute and master weights (fp16 also scales the loss)")
+    train.add_argument("--threads", type=threads, default="auto",
+                       help="BLAS threads: a number >= 1 (linearkit.set_num_threads), or auto "
+                            "(also 'default') for linearkit's policy: 1 thread for small GEMMs "
+                            "and on a busy machine (docs/threads.md)")
+    train.add_argument("--ranks", type=int_at_least(1), default=None,
+                       help="data-parallel over N MPI ranks: relaunches itself under mpirun -n "
+                            "N (the mpi extra); --batch-size stays the global batch, split "
+                            "across the ranks; rank 0 saves and reports (docs/distributed.md)")
+    train.add_argument("--flush-denormal", action=argparse.BooleanOptionalAction, default=True,
+                       help="treat subnormal floats as zero while training, as JAX does "
+                            "(linearkit.set_flush_denormal; faster once ReLU units die, same "
+                            "accuracy here); --no-flush-denormal computes them exactly, as "
+                            "PyTorch does")
+    train.add_argument("--out", default=None,
+                       help="where to save the weights (.safetensors); default: "
+                            "runs/mnist1d-MODEL.safetensors")
+    train.add_argument("--json", action="store_true",
+                       help="no progress bar; print one JSON object with the results")
+    train.set_defaults(run=_train)
+
+    ledger = commands.add_parser(
+        "ledger", help="parameters, FLOPs, memory and redundant structure of a model, per layer",
+        description="Per-layer parameters, MACs, FLOPs, training memory and redundant "
+                    "structure of a preset or a .safetensors file.")
+    ledger.add_argument("model", help="a .safetensors file or a preset: mlp-mnist, mnist1d, "
+                                      "linear-4096, linear-512-256, linear-1024-4096")
+    ledger.add_argument("--input-shape", type=shape, default=None,
+                        help="input shape with batch, e.g. 64,784 (default: the preset's)")
+    ledger.add_argument("--optimizer", default="adam",
+                        choices=["adam", "adamw", "sgd", "sgd-momentum", "none"],
+                        help="whose states count towards training memory")
+    ledger.add_argument("--dtype", type=storage_dtype, default=None,
+                        help="storage dtype, e.g. float16 (default: the model's)")
+    output = ledger.add_mutually_exclusive_group()
+    output.add_argument("--markdown", action="store_true", help="print a markdown table")
+    output.add_argument("--json", action="store_true", help="print one JSON object")
+    ledger.set_defaults(run=_ledger)
+
+    inspect = commands.add_parser(
+        "inspect", help="tensors, metadata, architecture and size of a .safetensors file",
+        description="What a .safetensors file holds: tensors (dtype, shape, bytes), metadata, "
+                    "the architecture when stored, and the ledger's parameter/memory summary.")
+    inspect.add_argument("file", help="a .safetensors file")
+    inspect.add_argument("--json", action="store_true", help="print one JSON object")
+    inspect.set_defaults(run=_inspect)
+
+    convert = commands.add_parser(
+        "convert", help="convert between .safetensors, .pt/.pth and .onnx",
+        description="Convert a model file: .safetensors <-> .pt/.pth (state dicts; torch "
+                    "needed), .safetensors (with architecture) <-> .onnx.")
+    convert.add_argument("source", help="the file to read")
+    convert.add_argument("target", help="the file to write (its extension picks the format)")
+    convert.add_argument("--input-shape", type=shape, default=None,
+                         help="input shape with batch for an ONNX export, e.g. 1,40")
+    convert.set_defaults(run=_convert)
+
+    squeeze = commands.add_parser(
+        "compress", help="merge, fold, factorize, prune or int8-quantize a model file",
+        description="Shrink a model file with linearkit.transforms, each step checked on probe "
+                    "inputs (its report is printed): --fold, then --merge, then --rank/--energy, "
+                    "then --prune (stored sparse), then --int8. Writes .safetensors.")
+    squeeze.add_argument("source", help="a linearkit .safetensors model file, an ONNX MLP, or "
+                                        "a .pt/.pth state dict (with --arch)")
+    squeeze.add_argument("-o", "--out", required=True, help="the .safetensors file to write")
+    squeeze.add_argument("--arch", default=None,
+                         help="for a .pt/.pth input: a linearkit model file of the same layers")
+    squeeze.add_argument("--merge", action="store_true",
+                         help="merge consecutive linear layers with nothing nonlinear between")
+    squeeze.add_argument("--fold", action="store_true",
+                         help="fold BatchNorm1d/LayerNorm affine maps into the Linear layers")
+    low_rank = squeeze.add_mutually_exclusive_group()
+    low_rank.add_argument("--rank", type=int_at_least(1), default=None,
+                          help="factorize each Linear at this rank (where it saves)")
+    low_rank.add_argument("--energy", type=fraction(True, False), default=None,
+                          help="factorize keeping this fraction of spectral energy, e.g. 0.9")
+    squeeze.add_argument("--int8", action="store_true",
+                         help="weight-only int8 per output channel")
+    squeeze.add_argument("--prune", type=fraction(False, True), default=None, metavar="AMOUNT",
+                         help="zero this fraction of each weight (smallest magnitudes) and "
+                              "store the layers sparse")
+    squeeze.add_argument("--probe", default=None,
+                         help="a .npy batch of real inputs to check the result on")
+    squeeze.set_defaults(run=_compress)
+
+    check = commands.add_parser(
+        "gradcheck", help="self-check: every shipped module's backward vs central differences",
+        description="Every shipped module's backward against float64 central differences.")
+    check.set_defaults(run=_gradcheck)
+
+    sweep = commands.add_parser(
+        "sweep", help="throughput and latency of a Linear against batch size, or across widths",
+        description="Time Linear(IN, OUT) forward (and with --backward forward+backward) at "
+                    "batch sizes 1, 2, 4, ... --max-batch: latency (ms per call), throughput "
+                    "(samples/s) and the knee (the smallest batch reaching 90%% of the best "
+                    "throughput). With --dims, time square layers Linear(d, d) of those widths "
+                    "at one --batch instead (e.g. 250,256,1000,1024).")
+    sweep.add_argument("--in-features", type=int_at_least(1), default=1024,
+                       help="the layer's input width")
+    sweep.add_argument("--out-features", type=int_at_least(1), default=1024,
+                       help="the layer's output width")
+    sweep.add_argument("--dtype", choices=["float32", "float64", "float16"], default="float32",
+                       help="the layer's and the input's dtype")
+    batches = sweep.add_mutually_exclusive_group()
+    batches.add_argument("--max-batch", type=int_at_least(1), default=256,
+                         help="sweep the powers of two up to this batch")
+    batches.add_argument("--batches", type=_size_list, default=None,
+                         help="the batch sizes to sweep instead, e.g. 1,8,32,100")
+    sweep.add_argument("--dims", type=_size_list, default=None,
+                       help="compare square layers of these widths at --batch instead of "
+                            "sweeping the batch, e.g. 250,256,1000,1024")
+    sweep.add_argument("--batch", type=int_at_least(1), default=64,
+                       help="the batch size of the --dims comparison")
+    sweep.add_argument("--backward", action="store_true",
+                       help="also time forward+backward (zero_grad, vjp, backward)")
+    sweep.add_argument("--repeats", type=int_at_least(1), default=7,
+                       help="timed samples per point (the median is shown)")
+    sweep.add_argument("--threads", type=threads, default="auto",
+                       help="BLAS threads: a number >= 1, or auto (also 'default') for "
+                            "linearkit's policy (docs/threads.md)")
+    sweep.add_argument("--plot", default=None, metavar="FILE.png",
+                       help="also draw the sweep into this PNG (needs matplotlib)")
+    sweep.add_argument("--json", action="store_true", help="print one JSON object")
+    sweep.set_defaults(run=_sweep)
+
+    experiment = commands.add_parser(
+        "experiment", help="reproduce an experiment (init-depth)",
+        description="Reproduce an experiment; `linearkit experiment NAME --help` for its "
+                    "options.")
+    experiment.add_argument("name", choices=sorted(EXPERIMENTS), help="which experiment")
+    experiment.add_argument("rest", nargs=argparse.REMAINDER,
+                            help="the experiment's options, e.g. --quick --out-dir DIR")
+    experiment.set_defaults(run=_experiment)
+    return parser
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away: drop the rest of the output quietly (exit 141)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the exit flush cannot raise again
+    except (OSError, ValueError):
+        pass
+    return 141
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``linearkit ARGV``; returns the exit status (see the module docstring)."""
+    parser = build_parser()
+    command = "linearkit"
+    try:
+        args = parser.parse_args(argv)
+        command = f"linearkit {args.command}"
+        code = args.run(args)
+        sys.stdout.flush()  # a closed pipe surfaces here, not at exit
+        return code
+    except KeyboardInterrupt:
+        print(f"{command}: interrupted; partial results were discarded", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return _stdout_closed()
+    except USER_ERRORS as exc:
+        kind = "" if isinstance(exc, UsageError) else f"{type(exc).__name__}: "
+        message = " ".join(str(exc).replace("\n  hint: ", " -- hint: ").split())
+        print(f"{command}: error: {kind}{message}", file=sys.stderr)
+        return 2
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        print(f"{command}: internal error: this is a bug in linearkit; please report it with "
+              f"the command line and the traceback above", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,390 @@
+"""Sequential's compiled path: a chain of ``Linear [-> ReLU]`` units, and ``Residual`` blocks of
+them, run as one compiled forward and one compiled backward (``linearkit.backend.fast``).
+
+On the thin path (runtime/thin_path.py: no hooks, no anomaly mode, the default precision policy) a
+``Sequential`` whose steps are only ``Linear``, a ``ReLU`` right after a ``Linear``, nested
+``Sequential`` of those and ``Residual`` around them (not nested) runs through
+``backend/fast/chain_kernel.py`` when its input is a C-contiguous 2-D array of the weights' dtype
+(float32 or float64) with at least 2 rows, every width is at least 2, and no parameter appears
+twice, the input, weights and biases being C-contiguous, aligned and writeable (numba would
+compile another version for any other kind). A plain forward (``Sequential.forward``, one row
+included) runs the same forward kernel once a training step has loaded the kernels. The
+kernels call NumPy's own BLAS with NumPy's arguments (backend/fast/blas.py) and repeat the NumPy path's
+elementwise operations: outputs, ``dx`` and gradients are bitwise the thin path's
+(tests/test_compiled_chain.py, tests/test_compiled_forward.py). Gradients are written through
+``Parameter.grad_buffer`` (into a zeroed ``.grad``, into a new one, or added), as ``add_grad``
+would.
+
+The BLAS thread policy (linearkit.backend.threads) is asked once per kernel, for the chain's largest
+GEMM, instead of once per GEMM. Anything else takes the thin path, which also raises every
+error (a wrong width, a Residual that changes the shape) naming the child. So does every chain
+while ``tracemalloc`` is tracing: it cannot see the arrays numba allocates (the backward's
+temporaries), and memory measurements (linearkit.analysis.checkpoint_measure, the ledger's checks) must
+see what the thin path allocates; the kernels allocate the same arrays at the same points.
+"""
+
+from __future__ import annotations
+
+from _tracemalloc import is_tracing  # the C half of tracemalloc: no import cost
+
+import numpy as np
+
+from ..core import structure as _structure
+from ..backend import fast
+from ..core import anomaly as _anomaly
+from .. import functional as F
+from ..backend import threads as _threads
+from ..backend.fast import blas as _blas
+from ..backend.fast import chain_flags as K
+from ..core.vjp_protocol import check_backward, check_finite
+from ..layers.activation import ReLU
+from ..layers.linear import Linear
+
+__all__ = ["chain_forward", "chain_vjp", "plan_for"]
+
+_containers = None      # (Sequential, Residual, trains), imported on first use (container
+#                         imports us)
+
+
+class _Plan:
+    """What the kernels need besides the arrays a backward keeps (bookkeeping, not memory the
+    ledger counts as saved activations): the layers' arrays, flags and the largest GEMM."""
+
+    __slots__ = ("biases", "by_rows", "flags", "macs_per_row", "one", "units", "weights",
+                 "ws_per_row", "zero")
+
+    def __init__(self, units, weights, biases, flags, macs_per_row, ws_per_row):
+        self.units, self.weights, self.biases, self.flags = units, weights, biases, flags
+        dtype = weights[0].dtype
+        self.one, self.zero = dtype.type(1), dtype.type(0)    # the GEMMs' alpha and beta
+        self.macs_per_row = macs_per_row   # the largest layer's in * out
+        self.ws_per_row = ws_per_row       # workspace elements per row of x
+        self.by_rows = {}                  # rows -> flags_for(rows)
+
+    def flags_for(self, rows: int) -> np.ndarray:
+        """``flags`` for an input of ``rows`` rows: WEIGHT_FIRST added to each layer whose
+        forward GEMM ``functional.linear`` computes as ``(W @ x.T).T`` at that many rows,
+        BIAS_FIRST to each whose GEMM adds its bias (the kernels run only on a BLAS
+        ``functional._bias_first_gemm`` binds, with one float dtype)."""
+        flags = self.by_rows.get(rows)
+        if flags is None:
+            flags = self.flags.copy()
+            for i, w in enumerate(self.weights):
+                n_out, n_in = w.shape
+                if F._weight_first(rows, n_in, n_out, w.dtype, w.dtype):
+                    flags[i] |= K.WEIGHT_FIRST
+                elif flags[i] & K.BIAS and F._bias_first(rows, n_out):
+                    flags[i] |= K.BIAS_FIRST
+            if len(self.by_rows) >= 8:       # batch sizes seen: a few, bounded anyway
+                self.by_rows.clear()
+            self.by_rows[rows] = flags
+        return flags
+
+
+def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None):
+    """``(y, backward)`` as ``fused.chain_vjp`` returns them, or None when the chain or ``x``
+    is not one the kernels take (the caller then runs the thin path). ``owner`` (the
+    Sequential) keeps the last plan, reused while its layers, arrays and flags are the same.
+
+    The backward keeps what the thin path's closures would: ``x`` when the first layer needs
+    dW, each unit's output (in one workspace ``ws``), the final output only as a ReLU's mask.
+    """
+    plan = plan_for(modules, x, input_grad, trains, owner)
+    if plan is None:
+        return None
+    kernels = fast.kernels()
+    if kernels is None or _blas.functions(x.dtype) is None:   # NumPy's BLAS, bit-checked
+        return None
+    k = kernels.chain
+    rows, dtype = x.shape[0], x.dtype
+    flags = plan.flags_for(rows)
+    macs = rows * plan.macs_per_row
+    one, zero = plan.one, plan.zero
+    ws = np.empty(rows * plan.ws_per_row, dtype)
+    out = np.empty((rows, plan.weights[-1].shape[0]), dtype)
+    if macs >= _threads.switch_macs:
+        _threads.before_gemm(macs)
+    try:
+        k.chain_forward(one, zero, x, plan.weights, plan.biases, flags, ws, out)
+    except Exception as err:       # numba could not type these arrays: the thin path, for good
+        if not type(err).__module__.startswith("numba"):
+            raise
+        if owner is not None:
+            owner._compiled_plan.plan = None
+        return None
+    last = flags[-1]
+    mask = out if last & K.RELU and not last & K.RES_END else _nothing(dtype)
+    saved_x = x if flags[0] & K.NEED_DW else _nothing(dtype)
+
+    def backward(dy):
+        if not _plain(dy):
+            dy = np.array(dy, order="C")      # a copy the kernel may read as the usual type
+        weight_grads, bias_grads, modes, apart = _grad_targets(plan)
+        if macs >= _threads.switch_macs:
+            _threads.before_gemm(macs)
+        dx, has_dx = k.chain_backward(one, zero, dy, saved_x, plan.weights,
+                                      plan.flags_for(rows), ws, mask, weight_grads, bias_grads,
+                                      modes, F._ones_vector(dy.shape[0], dy.dtype))
+        for param, grad in apart:
+            param.add_grad(grad)
+        if _anomaly.enabled:      # turned on after the forward: each layer's gradients, then dx
+            for linear, _ in reversed(plan.units):
+                check_backward(linear, None)
+            if has_dx:
+                check_finite(plan.units[0][0], dx, "backward (input gradient)")
+        return dx if has_dx else None
+
+    return out, backward
+
+
+def _units(modules, units: list, in_residual: bool) -> bool:
+    """Append ``[linear, flags]`` for each unit of ``modules`` (in call order); False when a step
+    is not one the kernels run."""
+    sequential, residual, _ = _containers or _import_containers()
+    i, n = 0, len(modules)
+    while i < n:
+        module = modules[i]
+        kind = type(module)
+        if module is None or module._hooks:
+            return False
+        if kind is Linear:
+            relu = i + 1 < n and type(modules[i + 1]) is ReLU and not modules[i + 1]._hooks
+            units.append([module, K.RELU if relu else 0])
+            i += 2 if relu else 1
+            continue
+        if kind is sequential:
+            if not _units(list(module._modules.values()), units, in_residual):
+                return False
+        elif kind is residual and not in_residual:
+            start = len(units)
+            if not _units([module.module], units, True) or len(units) == start:
+                return False
+            units[start][1] |= K.RES_START
+            units[-1][1] |= K.RES_END
+        else:
+            return False
+        i += 1
+    return True
+
+
+def plan_for(modules: list, x, input_grad: bool, trains, owner, min_rows: int = 2):
+    """The kernels' plan for running ``modules`` on ``x`` (the one ``owner`` kept, or a new
+    one), or None when the thin path must run: ``x`` not a C-contiguous, aligned, writeable 2-D
+    float32/float64 array of at least ``min_rows`` rows, ``tracemalloc`` tracing, or a chain
+    or layout the kernels do not take (``_units``, ``_plan``).
+
+    While no module anywhere changed its structure or hooks (``_structure.token``) and none of
+    the plan's Parameters changed its array or flags, the kept plan is returned without walking
+    the modules again (``_Kept.fits``: ~0.4 us instead of ~2.5 for a three-layer MLP)."""
+    if not (type(x) is np.ndarray and x.ndim == 2 and x.shape[0] >= min_rows and _plain(x)
+            and fast.supports(x.dtype)) or is_tracing():
+        return None
+    if owner is not None:
+        kept = owner.__dict__.get("_compiled_plan")
+        if kept is not None and kept.fits(x, input_grad):
+            return kept.plan
+    units = []
+    if not _units(modules, units, False):
+        return None
+    return _cached_plan(owner, units, x, input_grad, trains)
+
+
+def _import_containers():
+    global _containers
+    from ..layers.container import Residual, Sequential, trains
+    _containers = (Sequential, Residual, trains)
+    return _containers
+
+
+def chain_forward(modules: list, x, owner):
+    """``fused.chain_forward(modules, x)`` as one compiled call: ``y``, the same bits; or None
+    when the chain or ``x`` is not one the kernels take (the thin path runs), and always while
+    the kernels are not loaded yet (a forward never imports numba: a training step loads them).
+
+    ``x`` may have a single row here (the kernel calls the GEMV ``np.dot`` calls for it); the
+    plan is the one ``chain_vjp`` keeps on ``owner`` (the Sequential) for ``input_grad=False``.
+    """
+    kernels = fast.loaded()
+    if kernels is None:
+        return None
+    plan = plan_for(modules, x, False, (_containers or _import_containers())[2], owner,
+                    min_rows=1)
+    if plan is None or _blas.functions(x.dtype) is None:
+        return None
+    rows, dtype = x.shape[0], x.dtype
+    macs = rows * plan.macs_per_row
+    if macs >= _threads.switch_macs:
+        _threads.before_gemm(macs)
+    out = np.empty((rows, plan.weights[-1].shape[0]), dtype)
+    try:
+        kernels.chain.chain_forward(plan.one, plan.zero, x, plan.weights, plan.biases,
+                                    plan.flags_for(rows), np.empty(rows * plan.ws_per_row, dtype),
+                                    out)
+    except Exception as err:       # numba could not type these arrays: the thin path, for good
+        if not type(err).__module__.startswith("numba"):
+            raise
+        owner._compiled_plan.plan = None
+        return None
+    return out
+
+
+def _cached_plan(owner, units, x, input_grad: bool, trains) -> _Plan | None:
+    """``_plan``, or the one ``owner`` kept when nothing it was made from changed: the same
+    modules, Parameters and arrays (by identity: the plan holds them, so no id is reused while
+    it is kept), the same requires_grad and writeable flags, input dtype, width and
+    ``input_grad``. The kept plan holds the arrays it was made from: an array replaced since
+    (``p.data = new``) stays alive until the Sequential's next ``vjp`` replaces the plan."""
+    key = [x.dtype.char, x.shape[1], input_grad]
+    for linear, structure in units:
+        params = linear._parameters
+        w, b = params["weight"], params["bias"]
+        key += (id(linear), structure, id(w), id(b))
+        if w is not None:
+            key += (id(w.data), w.requires_grad, w.data.flags.writeable)
+        if b is not None:
+            key += (id(b.data), b.requires_grad, b.data.flags.writeable)
+    if owner is None:
+        return _plan(units, x, input_grad, trains)
+    kept = owner.__dict__.get("_compiled_plan")
+    plan = kept.plan if kept is not None and kept.key == key else _plan(units, x, input_grad,
+                                                                        trains)
+    object.__setattr__(owner, "_compiled_plan", _Kept(key, plan, units, x, input_grad))
+    return plan
+
+
+class _Kept:
+    """The plan a Sequential keeps (``_compiled_plan``), with what says it still fits: the
+    structure token it was made under, the input's dtype and width, ``input_grad``, and each
+    Parameter with the array, ``requires_grad`` and writeable flag it had."""
+
+    __slots__ = ("char", "input_grad", "key", "params", "plan", "token", "width")
+
+    def __init__(self, key: list, plan: _Plan | None, units, x, input_grad: bool):
+        self.key, self.plan, self.token = key, plan, _structure.token
+        self.char, self.width, self.input_grad = x.dtype.char, x.shape[1], input_grad
+        self.params = tuple((p, p.data, p.requires_grad, p.data.flags.writeable)
+                            for linear, _ in units for p in linear._parameters.values()
+                            if p is not None)
+
+    def fits(self, x, input_grad: bool) -> bool:
+        if (self.token is not _structure.token or x.shape[1] != self.width
+                or x.dtype.char != self.char or input_grad != self.input_grad):
+            return False
+        for p, data, requires_grad, writeable in self.params:
+            if (p.data is not data or p.requires_grad is not requires_grad
+                    or data.flags.writeable is not writeable):
+                return False
+        return True
+
+
+def _plan(units, x, input_grad: bool, trains) -> _Plan | None:
+    """The kernels' plan for ``units`` on ``x``, or None when a width, dtype or layout is not
+    theirs, a parameter is used twice, or the workspace would keep an output that no thin-path
+    closure keeps (a Residual's inner output without a ReLU, a frozen layer's input)."""
+    dtype = x.dtype
+    width = x.shape[1]
+    weights, biases, flags = [], [], []
+    seen = set()
+    need = input_grad
+    macs_per_row = 0
+    start_width = width
+    for linear, structure in units:
+        params = linear._parameters
+        w, b = params["weight"], params["bias"]
+        if w is None:                         # an unmaterialized LazyLinear
+            return None
+        wd = w.data
+        n_out, n_in = wd.shape
+        if (wd.dtype != dtype or not _plain(wd) or n_in != width or n_out < 2 or n_in < 2
+                or id(w) in seen):
+            return None
+        seen.add(id(w))
+        f = structure
+        if structure & K.RES_START:
+            start_width = width
+        if structure & K.RES_END and n_out != start_width:
+            return None                       # the thin path raises Residual's ShapeError
+        if b is not None:
+            bd = b.data
+            if bd.dtype != dtype or not _plain(bd) or id(b) in seen:
+                return None
+            seen.add(id(b))
+            f |= K.BIAS | (K.NEED_DB if b.requires_grad else 0)
+            biases.append(bd)
+        else:
+            biases.append(_nothing(dtype, 1))
+        if w.requires_grad:
+            f |= K.NEED_DW
+        if need:
+            f |= K.NEED_DX
+        need = need or trains(linear)
+        weights.append(wd)
+        flags.append(f)
+        macs_per_row = max(macs_per_row, n_out * n_in)
+        width = n_out
+    if not _keeps_only_what_the_thin_path_keeps(flags):
+        return None
+    per_row = K.workspace_per_row([w.shape[0] for w in weights], flags)
+    return _Plan(units, tuple(weights), tuple(biases), np.array(flags, np.int64), macs_per_row,
+                 per_row)
+
+
+def _plain(a: np.ndarray) -> bool:
+    """C-contiguous, aligned and writeable: the one array type the kernels' tuples hold (numba
+    cannot index a tuple mixing read-only or unaligned arrays with others)."""
+    flags = a.flags
+    return flags.c_contiguous and flags.aligned and flags.writeable
+
+
+def _keeps_only_what_the_thin_path_keeps(flags) -> bool:
+    """Whether every array the workspace holds is one a thin-path closure would keep: a unit's
+    output is a ReLU's mask (when its layer computes anything) or the next layer's input (when
+    that layer needs dW); a residual's sum, the next layer's input."""
+    needs = K.NEED_DW | K.NEED_DB | K.NEED_DX
+    last = len(flags) - 1
+    for i, f in enumerate(flags):
+        next_dw = i < last and flags[i + 1] & K.NEED_DW
+        as_mask = f & K.RELU and f & needs
+        if f & K.RES_END:
+            if not as_mask or (i < last and not next_dw):
+                return False
+        elif i < last and not (as_mask or next_dw):
+            return False
+    return True
+
+
+def _grad_targets(plan: _Plan):
+    """What the backward kernel writes dW/db into, per layer, and how (``grad_modes``); a
+    gradient whose ``.grad`` it cannot take is computed into a new array, added afterwards."""
+    flags = plan.flags
+    modes = np.zeros((len(flags), 2), np.int64)
+    weight_grads, bias_grads, apart = [], [], []
+    for i, (linear, _) in enumerate(plan.units):
+        f = flags[i]
+        params = linear._parameters
+        for column, (param, wanted, dummy, out) in enumerate((
+                (params["weight"], f & K.NEED_DW, plan.weights[i], weight_grads),
+                (params["bias"], f & K.NEED_DB, plan.biases[i], bias_grads))):
+            if not wanted:
+                out.append(dummy)
+                continue
+            target = param.grad_buffer()
+            if target is None:
+                target = (np.empty(param.data.shape, param.data.dtype), False)
+                apart.append((param, target[0]))
+            out.append(target[0])
+            modes[i, column] = 2 if target[1] else 1
+    return tuple(weight_grads), tuple(bias_grads), modes, apart
+
+
+_placeholders: dict = {}
+
+
+def _nothing(dtype, ndim: int = 2) -> np.ndarray:
+    """An empty array of ``dtype`` where the kernels want an array they will not read (the
+    bias of a layer without one, an input or output the backward does not keep)."""
+    key = (dtype.char, ndim)
+    a = _placeholders.get(key)
+    if a is None:
+        a = _placeholders[key] = np.zeros((0,) * ndim, dtype)
+    return a
