@@ -5,7 +5,7 @@ The dtypes run interleaved in one process — each round times every variant onc
 that rotates — so a burst of load on this shared machine slows all of them alike; a variant's
 ratio is the median over rounds of its time over float32's time in the same round. Besides the
 library's own path (the weight upcast block by block), ``<dtype>-whole`` converts the whole
-weight at once (``functional._BLOCK_ELEMENTS`` raised for that variant), to show whether
+weight at once (``functional.BLOCK_ELEMENTS_16BIT`` raised for that variant), to show whether
 blocking is faster or only smaller; ``peak_bytes`` is tracemalloc's peak over one call, the
 layer's temporaries and outputs (the float32 copy of the weight among them when it is whole).
 """
@@ -47,13 +47,13 @@ def _whole(lk, variant: str):
 
     class _Ctx:
         def __enter__(self):
-            self.saved = F._BLOCK_ELEMENTS
+            self.saved = F.BLOCK_ELEMENTS_16BIT
             if variant.endswith("-whole"):
-                F._BLOCK_ELEMENTS = 1 << 62
+                F.BLOCK_ELEMENTS_16BIT = 1 << 62
             return self
 
         def __exit__(self, *exc):
-            F._BLOCK_ELEMENTS = self.saved
+            F.BLOCK_ELEMENTS_16BIT = self.saved
 
     return _Ctx()
 

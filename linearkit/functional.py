@@ -13,9 +13,13 @@ import math
 
 import numpy as np
 
-from .backend import fast as _fast
 from . import precision as _precision
+from .backend import fast as _fast
+from .backend import gemm as _gemm
 from .backend import threads as _threads
+from .backend.gemm import DOT as _DOT
+from .backend.gemm import MATMUL as _MATMUL
+from .backend.gemm import WEIGHT_FIRST as _WEIGHT_FIRST
 from .errors import DimError
 
 __all__ = [
@@ -53,14 +57,6 @@ def _rows(a: np.ndarray) -> np.ndarray:
     return a if a.ndim == 2 else a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
 
 
-# np.dot zeroes its output before the GEMM overwrites it (NumPy's cblas_matrixproduct calls
-# memset), np.matmul does not: a pass over y that is free in cache but not on a large, fresh y
-# (8192x1024 -> 4096, 128 MiB: 184.7 against 175.8 ms, fastest of 15 on the 2-core EPYC; the
-# same when both write into one warm out=). From this many output elements (4 MiB of float32)
-# the forward calls np.matmul; below, np.dot's cheaper call (~0.5 us) wins.
-_DOT_MAX_OUT = 1 << 20
-
-
 def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     """``y = x @ weight.T + bias``.
 
@@ -79,135 +75,21 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
         y = np.matmul(weight, x)
     else:
         x2 = x if ndim == 2 else _rows(x)
-        if out_features >= _FEW_ROWS_MIN_OUT and _weight_first(
-                x2.shape[0], in_features, out_features, x2.dtype, weight.dtype):
-            return _linear_weight_first(x, x2, weight, bias)
-        if bias is not None and x2.shape[0] * out_features >= _BIAS_FIRST_MIN_OUT:
-            gemm = _bias_first_gemm(x2.shape[0], x2.dtype, weight, bias)
-            if gemm is not None:
-                return _linear_bias_first(x, x2, weight, bias, gemm)
-        if x2.shape[0] * out_features < _DOT_MAX_OUT:
-            y = np.dot(x2, weight.T)    # np.matmul's bits (the same BLAS call), ~0.5 us less
+        layout = _gemm.forward_layout(x2.shape[0], in_features, out_features, x2.dtype, weight,
+                                      bias)
+        if layout is _DOT:
+            y = np.dot(x2, weight.T)    # np.matmul's bits (the same BLAS call), cheaper to call
+        elif layout is _MATMUL:
+            y = np.matmul(x2, weight.T)     # no zeroing pass over a large y
+        elif layout is _WEIGHT_FIRST:
+            return _gemm.linear_weight_first(x, x2, weight, bias)
         else:
-            y = np.matmul(x2, weight.T)     # no zeroing pass over a large y (_DOT_MAX_OUT)
+            return _gemm.linear_bias_first(x, x2, weight, bias)
         if ndim != 2:
             y = y.reshape(x.shape[:-1] + (out_features,))
     if bias is not None:
         y += bias
     return y
-
-
-# A forward GEMM of few rows: NumPy's OpenBLAS computes ``x @ W.T`` for 5-48 rows (and for 2-4
-# rows of a big layer) 1.3-2.1x slower than the same products laid out the other way,
-# ``(W @ x.T).T`` (784->256 at 32 rows: 195 vs 129 us with the copy; 1024->4096 at 2 rows: 4.6
-# vs 2.2 ms; docs/fast.md). Every output element is the same dot product (the same kernel, the
-# two dimensions' roles swapped); float32 gave identical bits on every shape tried
-# (tests/test_linear.py checks the shapes this rule picks), float64 did not and is not faster,
-# so it keeps ``x @ W.T``. The bits are a property of OpenBLAS's kernel, not of the layout:
-# its SkylakeX kernel gives them, its Haswell kernel (``OPENBLAS_CORETYPE=Haswell``) does not,
-# so the first call that would use the rule checks the kernel loaded (``_same_bits_both_ways``).
-_FEW_ROWS_MIN, _FEW_ROWS_MAX, _FEW_ROWS_MIN_OUT = 2, 48, 128
-_FLOAT32 = np.dtype(np.float32)
-# OpenBLAS, with a kernel that gives np.dot's bits both ways (the first call decides)
-_blas_keeps_bits_both_ways: bool | None = None
-# rows, in, out: shapes the rule picks (the MLP's first layer at batch 32 among them)
-_BIT_CHECK_SHAPES = ((32, 784, 256), (6, 256, 256), (48, 128, 128), (4, 512, 512),
-                     (12, 300, 200), (2, 1024, 1024))
-
-
-def _weight_first(rows: int, in_features: int, out_features: int, x_dtype, w_dtype) -> bool:
-    """Whether ``linear`` computes ``x (rows, in) @ W.T`` as ``(W @ x.T).T``: float32, 2-48
-    rows, at least 128 outputs, past the sizes where OpenBLAS's small-matrix path makes both
-    ways equal (``rows * in * out`` of 2^20 for 2-4 rows, 2^18 above), and NumPy's BLAS is
-    OpenBLAS (the one measured) with a kernel that gives ``np.dot``'s bits both ways (checked
-    once per process). The compiled chain asks the same question (runtime/compiled_chain.py)."""
-    global _blas_keeps_bits_both_ways
-    if not (_FEW_ROWS_MIN <= rows <= _FEW_ROWS_MAX and out_features >= _FEW_ROWS_MIN_OUT
-            and x_dtype is w_dtype is _FLOAT32
-            and rows * in_features * out_features >= (1 << 20 if rows <= 4 else 1 << 18)):
-        return False
-    if _blas_keeps_bits_both_ways is None:
-        try:
-            blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
-        except (TypeError, AttributeError):     # a NumPy without show_config(mode=)
-            blas = {}
-        _blas_keeps_bits_both_ways = ("openblas" in str(blas.get("name", "")).lower()
-                                      and _same_bits_both_ways())
-    return _blas_keeps_bits_both_ways
-
-
-def _same_bits_both_ways() -> bool:
-    """Whether ``(W @ x.T).T`` gives ``np.dot(x, W.T)``'s bits on the shapes the rule picks,
-    with the BLAS kernel this process loaded. Once per process: the first few-row forward took
-    3-13 ms longer with it here (x and W are slices of one random draw of ~1M floats)."""
-    need = max((rows + n_out) * n_in for rows, n_in, n_out in _BIT_CHECK_SHAPES)
-    values = np.random.default_rng(0).random(need, dtype=np.float32) - np.float32(0.5)
-    for rows, n_in, n_out in _BIT_CHECK_SHAPES:
-        x = values[:rows * n_in].reshape(rows, n_in)
-        w = values[rows * n_in:(rows + n_out) * n_in].reshape(n_out, n_in)
-        if not np.array_equal(np.dot(w, x.T).T, np.dot(x, w.T)):
-            return False
-    return True
-
-
-def _linear_weight_first(x, x2, weight, bias):
-    """``linear`` as ``(W @ x2.T).T + bias``, into a new C-contiguous ``y (*, out)``."""
-    y2 = np.empty((x2.shape[0], weight.shape[0]), x2.dtype)
-    y_t = np.dot(weight, x2.T)      # (out, rows)
-    if bias is None:
-        np.copyto(y2, y_t.T)
-    else:
-        np.add(y_t.T, bias, out=y2)
-    return y2 if x.ndim == 2 else y2.reshape(x.shape[:-1] + (weight.shape[0],))
-
-
-# A large output: NumPy's ``y = x @ W.T; y += b`` makes three passes over y besides the GEMM's
-# own (OpenBLAS zeroes C for beta = 0, then ``+= b`` reads and writes it). Writing the bias into
-# y first and letting the GEMM add into it (beta = 1, as PyTorch's addmm does) makes one. From
-# 2^18 output elements (1 MiB of float32) it measured 2-31% faster in float32 on the 2-core
-# EPYC (docs/fast.md; the (64, 128, 1024) -> 4096 example: 177.8 against 184.4 ms, medians of
-# 15); below, y stays in cache and it gains nothing. The sums start from b instead of adding it
-# last: the same bits while K fits one of OpenBLAS's K-blocks (256 in: identical), other
-# roundings past it, as accurate (mean error against float64 on the example: 7.9e-8 against
-# 7.7e-8; PyTorch's 7.1e-8). Needs NumPy's own BLAS bound (backend/fast/blas.py: ILP64 OpenBLAS, checked
-# against np.dot); one row keeps np.dot's GEMV. The compiled chain and the fused Linear + ReLU
-# ask the same question (runtime/compiled_chain.py, runtime/thin_path.py).
-_BIAS_FIRST_MIN_OUT = 1 << 18
-_FLOAT64 = np.dtype(np.float64)
-
-
-def _bias_first(rows: int, out_features: int) -> bool:
-    """Whether ``linear`` of ``rows`` rows adds its bias in the GEMM (when it has a bias, one
-    dtype, float32 or float64, and NumPy's BLAS bound: ``_bias_first_gemm``)."""
-    return rows >= 2 and rows * out_features >= _BIAS_FIRST_MIN_OUT
-
-
-def _bias_first_gemm(rows: int, x_dtype, weight: np.ndarray, bias: np.ndarray):
-    """NumPy's BLAS ``gemm`` (ctypes) when ``linear`` of ``rows`` rows adds ``bias`` in the
-    GEMM, else None: fewer outputs, other dtypes (mixed, 16-bit storage) or a BLAS backend/fast/blas.py
-    does not bind."""
-    if not (_bias_first(rows, weight.shape[0]) and x_dtype is weight.dtype is bias.dtype
-            and (x_dtype is _FLOAT32 or x_dtype is _FLOAT64)):
-        return None
-    from .backend.fast import blas
-
-    found = blas.functions(x_dtype)
-    return None if found is None else found[0]
-
-
-def _linear_bias_first(x, x2, weight, bias, gemm):
-    """``linear`` as ``y = bias; y += x2 @ W.T`` (one GEMM, beta = 1) into a new ``y (*, out)``."""
-    from .backend.fast.blas import NO_TRANS, ROW_MAJOR, TRANS
-
-    rows, (out_features, in_features) = x2.shape[0], weight.shape
-    y2 = np.empty((rows, out_features), x2.dtype)
-    np.copyto(y2, bias)
-    if in_features:
-        a = np.ascontiguousarray(x2)        # what np.matmul hands OpenBLAS for other layouts
-        w = np.ascontiguousarray(weight)
-        gemm(ROW_MAJOR, NO_TRANS, TRANS, rows, out_features, in_features, 1.0, a.ctypes.data,
-             in_features, w.ctypes.data, in_features, 1.0, y2.ctypes.data, out_features)
-    return y2 if x.ndim == 2 else y2.reshape(x.shape[:-1] + (out_features,))
 
 
 def linear_backward(
@@ -252,12 +134,12 @@ def linear_input_grad(dy: np.ndarray, weight: np.ndarray) -> np.ndarray:
 # A 16-bit weight is upcast for the GEMM block by block: blocks of output rows in the forward
 # (y[:, rows] = x @ W[rows].T), of input columns in dx (dx[:, cols] = dy @ W[:, cols]), so no
 # float32 copy of the whole weight exists at once and each block's copy is still in cache when
-# the GEMM packs it. A weight of at most _BLOCK_ELEMENTS elements is converted whole.
+# the GEMM packs it. A weight of at most BLOCK_ELEMENTS_16BIT elements is converted whole.
 # Measured (`python -m benchmarks --only precision`, Linear 1024->4096 in bfloat16, batch 256
 # and 1024, five runs): blocks of 1M elements (4 MiB of float32) take 0-5% longer than one whole
 # conversion (the GEMMs are narrower) and peak 12 MiB lower; smaller blocks (256K) were 5-40%
 # slower. So blocking buys memory, not speed, and the block is as large as that allows.
-_BLOCK_ELEMENTS = 1 << 20
+BLOCK_ELEMENTS_16BIT = 1 << 20
 
 
 def _linear_16bit(x, weight, bias):
@@ -268,7 +150,7 @@ def _linear_16bit(x, weight, bias):
     up = _precision.compute_array
     if x2.size * out_features >= _threads.switch_macs:
         _threads.before_gemm(x2.size * out_features)
-    rows = max(1, _BLOCK_ELEMENTS // max(in_features, 1))
+    rows = max(1, BLOCK_ELEMENTS_16BIT // max(in_features, 1))
     if rows >= out_features:  # whole: the very GEMM (or GEMV) a float32 weight gets
         y = np.matmul(up(weight), x) if x.ndim == 1 else np.matmul(x2, up(weight).T)
     else:
@@ -288,7 +170,7 @@ def _input_grad_16bit(dy, weight):
     up = _precision.compute_array
     if dy2.size * in_features >= _threads.switch_macs:
         _threads.before_gemm(dy2.size * in_features)
-    cols = max(1, _BLOCK_ELEMENTS // max(out_features, 1))
+    cols = max(1, BLOCK_ELEMENTS_16BIT // max(out_features, 1))
     if cols >= in_features:
         dx = np.matmul(dy2, up(weight))
     else:
@@ -359,22 +241,6 @@ def linear_weight_grad(dy: np.ndarray, x: np.ndarray, out: np.ndarray | None = N
 # while the machine shows idle cores: at the BLAS default (every core) beside a busy process,
 # OpenBLAS's split GEMV took 7.9 ms instead of 0.08 for 512x1024. It sets no count itself: a
 # switch per bias doubled the thread switches of a training step (97 -> 192 in 220 steps).
-_ones: dict = {}
-# Rows of the cached ``ones`` vector (per dtype) at most; a larger batch gets a fresh one.
-_ONES_MAX = 1 << 16
-
-
-def _ones_vector(rows: int, dtype) -> np.ndarray:
-    """``ones (rows,)`` of ``dtype``, the vector of the bias gradient's GEMV: a view of one
-    cached array per dtype (read it, never write it), fresh above ``_ONES_MAX`` rows."""
-    if rows > _ONES_MAX:
-        return np.ones(rows, dtype)
-    ones = _ones.get(dtype.char)
-    if ones is None or len(ones) < rows:
-        ones = _ones[dtype.char] = np.ones(max(rows, 64), dtype)
-    return ones[:rows]
-
-
 def _column_sum(dy2: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``dy2.sum(axis=0)`` for a 2-D dy2, as a GEMV ``ones @ dy2`` when BLAS can run it.
 
@@ -385,7 +251,7 @@ def _column_sum(dy2: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     dtype = dy2.dtype
     if dtype.char not in "fd" or (out is not None and out.dtype != dtype):
         return np.sum(dy2, axis=0, out=out)
-    ones = _ones_vector(rows, dtype)
+    ones = _gemm.ones_vector(rows, dtype)
     if out is not None and not out.flags.c_contiguous:  # np.dot writes only contiguous outs
         out[...] = np.dot(ones, dy2)
         return out

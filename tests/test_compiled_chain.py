@@ -15,6 +15,7 @@ import pytest
 from kernel_spies import KernelCalls
 
 import linearkit as lk
+from linearkit.backend import gemm
 from linearkit.runtime import compiled_chain as compiled
 
 pytest.importorskip("numba", reason="the compiled chain needs numba (linearkit[fast])")
@@ -147,9 +148,9 @@ def test_weight_first_gemms_keep_the_thin_paths_bits(monkeypatch, rows, grads):
         _same(a, b)
     flags = model._compiled_plan.plan.flags_for(rows)
     picked = [bool(f & chain_flags.WEIGHT_FIRST) for f in flags]
-    assert picked == [F._weight_first(rows, w.shape[1], w.shape[0], w.dtype, w.dtype)
+    assert picked == [gemm.weight_first(rows, w.shape[1], w.shape[0], w.dtype, w.dtype)
                       for w in model._compiled_plan.plan.weights]
-    if rows == 32 and F._weight_first(32, 40, 256, x.dtype, x.dtype):
+    if rows == 32 and gemm.weight_first(32, 40, 256, x.dtype, x.dtype):
         assert picked == [True, True, True, False]      # the path under test is taken
 
 
@@ -180,7 +181,8 @@ def test_bias_first_gemms_keep_the_thin_paths_bits(monkeypatch, dtype, grads):
     flags = model._compiled_plan.plan.flags_for(1024)
     assert [bool(f & chain_flags.BIAS_FIRST) for f in flags] == [True, True, True, False]
     first = model[0]
-    assert F._bias_first_gemm(1024, x.dtype, first.weight.data, first.bias.data) is not None
+    assert gemm.forward_layout(1024, 1024, 256, x.dtype, first.weight.data,
+                               first.bias.data) is gemm.BIAS_FIRST
     assert not np.array_equal(first(x), np.dot(x, first.weight.data.T) + first.bias.data)
 
 

@@ -14,6 +14,7 @@ import pytest
 from fresh_process import imports
 
 import linearkit as lk
+from linearkit.backend import gemm
 from linearkit.runtime import thin_path as fused
 
 DTYPES = [np.float32, np.float64]
@@ -79,7 +80,7 @@ def test_thin_path_is_bitwise_the_guarded_chain(monkeypatch, fast_env, dtype, na
 @pytest.mark.parametrize("fast_env", ["1", "0"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_large_output_adds_its_bias_in_the_gemm_fused_too(monkeypatch, fast_env, dtype):
-    """1024 rows through 1024 -> 256: the GEMM adds the bias (functional._bias_first), in
+    """1024 rows through 1024 -> 256: the GEMM adds the bias (backend.gemm.BIAS_FIRST), in
     Linear's forward and in the fused Linear -> ReLU alike; K = 1024 spans several of
     OpenBLAS's K-blocks, so adding it afterwards would change bits (checked first)."""
     from linearkit import functional as F
@@ -90,7 +91,8 @@ def test_a_large_output_adds_its_bias_in_the_gemm_fused_too(monkeypatch, fast_en
                           lk.Linear(256, 4, dtype=dtype, rng=rng))
     x = rng.standard_normal((1024, 1024)).astype(dtype)
     first = model[0]
-    if F._bias_first_gemm(1024, x.dtype, first.weight.data, first.bias.data) is None:
+    if gemm.forward_layout(1024, 1024, 256, x.dtype, first.weight.data,
+                           first.bias.data) is not gemm.BIAS_FIRST:
         pytest.skip("NumPy's BLAS is not the ILP64 OpenBLAS backend/fast/blas.py binds")
     added_after = np.dot(x, first.weight.data.T) + first.bias.data
     assert not np.array_equal(first(x), added_after)

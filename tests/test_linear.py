@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import linearkit as lk
+from linearkit.backend import gemm
 from linearkit import functional as F
 
 DTYPES = [np.float32, np.float64]
@@ -59,7 +60,7 @@ WEIGHT_FIRST_SHAPES = [(32, 784, 256, ()), (6, 256, 256, ()), (48, 128, 128, ())
 def test_few_rows_weight_first_gemm_matches_torch_and_np_dot(rows, in_f, out_f, lead, bias):
     """A few rows through a wide layer: the GEMM laid out as (W @ x.T).T (functional.py) gives
     a C-contiguous y, PyTorch's values and, in float32 on OpenBLAS, np.dot's very bits."""
-    if not F._weight_first(rows, in_f, out_f, np.dtype(np.float32), np.dtype(np.float32)):
+    if not gemm.weight_first(rows, in_f, out_f, np.dtype(np.float32), np.dtype(np.float32)):
         pytest.skip("NumPy's BLAS is not OpenBLAS, or its kernel (OPENBLAS_CORETYPE=Haswell) "
                     "gives other bits the other way round: linear keeps x @ W.T")
     rng = np.random.default_rng(3)
@@ -90,30 +91,32 @@ def test_few_rows_weight_first_gemm_matches_torch_and_np_dot(rows, in_f, out_f, 
 def test_weight_first_gemm_only_where_it_was_measured_faster(rows, in_f, out_f, dtype):
     """One row (GEMV), past 48 rows, under 128 outputs, OpenBLAS's small-matrix sizes and
     float64 keep x @ W.T (docs/fast.md has the measurements)."""
-    assert not F._weight_first(rows, in_f, out_f, np.dtype(dtype), np.dtype(dtype))
+    assert not gemm.weight_first(rows, in_f, out_f, np.dtype(dtype), np.dtype(dtype))
 
 
 def test_weight_first_only_where_the_kernel_gives_np_dots_bits(monkeypatch):
     """The rule asks the loaded BLAS kernel once: a kernel whose (W @ x.T).T differs from
     np.dot(x, W.T) in a bit (OpenBLAS's Haswell kernel does) keeps x @ W.T everywhere."""
     f32 = np.dtype(np.float32)
-    monkeypatch.setattr(F, "_blas_keeps_bits_both_ways", None)
-    monkeypatch.setattr(F, "_same_bits_both_ways", lambda: False)
-    assert not F._weight_first(32, 784, 256, f32, f32)
-    monkeypatch.setattr(F, "_blas_keeps_bits_both_ways", None)
-    monkeypatch.setattr(F, "_same_bits_both_ways", lambda: True)
     blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]["name"]
-    assert F._weight_first(32, 784, 256, f32, f32) == ("openblas" in blas.lower())
+    both_ways = "openblas" in blas.lower() and gemm.same_bits_both_ways()
+    assert gemm.weight_first(32, 784, 256, f32, f32) == both_ways
+    # the check itself: the two layouts compared on the rule's shapes with this process's BLAS
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, 784)).astype(np.float32)
+    w = rng.standard_normal((256, 784)).astype(np.float32)
+    if not np.array_equal(np.dot(w, x.T).T, np.dot(x, w.T)):
+        assert not gemm.same_bits_both_ways()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("lead", [(64,), (4, 16)])
 def test_large_output_goes_through_matmul_with_np_dots_bits(monkeypatch, dtype, lead):
-    """From _DOT_MAX_OUT output elements the forward calls np.matmul (np.dot would zero the
+    """From gemm.DOT_MAX_OUT output elements the forward calls np.matmul (np.dot would zero the
     large y first); below it np.dot. The values are np.dot's to the bit either way. (With a
     bias, a large output takes the bias-first GEMM: the next tests.)"""
     rng = np.random.default_rng(5)
-    out_f = F._DOT_MAX_OUT // 64   # 64 rows: exactly _DOT_MAX_OUT output elements
+    out_f = gemm.DOT_MAX_OUT // 64   # 64 rows: exactly _DOT_MAX_OUT output elements
     w = rng.standard_normal((out_f, 8)).astype(dtype)
     x = rng.standard_normal(lead + (8,)).astype(dtype)
     calls = []
@@ -133,8 +136,8 @@ def test_large_output_goes_through_matmul_with_np_dots_bits(monkeypatch, dtype, 
 
 def _spy_bias_first(monkeypatch):
     calls = []
-    real = F._linear_bias_first
-    monkeypatch.setattr(F, "_linear_bias_first",
+    real = gemm.linear_bias_first
+    monkeypatch.setattr(gemm, "linear_bias_first",
                         lambda *a: calls.append(a[2].shape) or real(*a))
     return calls
 
@@ -142,15 +145,15 @@ def _spy_bias_first(monkeypatch):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("lead", [(64,), (4, 16)])
 def test_large_output_adds_the_bias_in_the_gemm(monkeypatch, dtype, lead):
-    """From _BIAS_FIRST_MIN_OUT output elements (and 2 rows) the bias is written into y first
+    """From gemm.BIAS_FIRST_MIN_OUT output elements (and 2 rows) the bias is written into y first
     and the GEMM adds into it. With K inside one of OpenBLAS's K-blocks the GEMM adds each dot
     product to b once, at the end: exactly ``np.dot(x, W.T) + b`` (which checks every argument
     of the BLAS call). One output fewer keeps ``x @ W.T; y += b``."""
-    if F._bias_first_gemm(64, np.dtype(dtype), np.empty((1 << 18, 1), dtype),
-                          np.empty(1 << 18, dtype)) is None:
+    if gemm.forward_layout(64, 1, 1 << 12, np.dtype(dtype), np.empty((1 << 12, 1), dtype),
+                           np.empty(1 << 12, dtype)) is not gemm.BIAS_FIRST:
         pytest.skip("NumPy's BLAS is not the ILP64 OpenBLAS backend/fast/blas.py binds")
     rng = np.random.default_rng(6)
-    out_f = F._BIAS_FIRST_MIN_OUT // 64
+    out_f = gemm.BIAS_FIRST_MIN_OUT // 64
     w = rng.standard_normal((out_f, 24)).astype(dtype)
     b = rng.standard_normal(out_f).astype(dtype)
     x = rng.standard_normal(lead + (24,)).astype(dtype)

@@ -251,7 +251,7 @@ def test_blocked_upcast_matches_the_whole_one(dtype, monkeypatch):
     x = rng.standard_normal((6, 40)).astype(np.float32)
     dy = rng.standard_normal((6, 30)).astype(np.float32)
     whole = [layer(x), F.linear_input_grad(dy, layer.weight.data)]
-    monkeypatch.setattr(F, "_BLOCK_ELEMENTS", 7 * 40)           # 7 rows / a few columns a block
+    monkeypatch.setattr(F, "BLOCK_ELEMENTS_16BIT", 7 * 40)           # 7 rows / a few columns a block
     blocked = [layer(x), F.linear_input_grad(dy, layer.weight.data)]
     for a, b in zip(blocked, whole):
         assert a.dtype == np.float32
@@ -267,8 +267,8 @@ def test_large_layer_bitwise_with_float32_at_the_benchmark_shape():
     x = rng.standard_normal((8, 1024)).astype(np.float32)
     dy = rng.standard_normal((8, 4096)).astype(np.float32)
     w32 = layer.weight.data.astype(np.float32)
-    assert layer.weight.size > F._BLOCK_ELEMENTS
-    rows, cols = F._BLOCK_ELEMENTS // 1024, F._BLOCK_ELEMENTS // 4096    # 1024 and 256
+    assert layer.weight.size > F.BLOCK_ELEMENTS_16BIT
+    rows, cols = F.BLOCK_ELEMENTS_16BIT // 1024, F.BLOCK_ELEMENTS_16BIT // 4096    # 1024 and 256
     for got, whole, by_blocks in (
             (F.linear(x, layer.weight.data), x @ w32.T,
              np.concatenate([x @ w32[i:i + rows].T for i in range(0, 4096, rows)], axis=1)),
@@ -521,12 +521,12 @@ def test_property_any_shape_any_16_bit_dtype(dtype, n_in, n_out, lead, block, bi
     layer = make(dtype, n_in, n_out, bias, seed)
     x = rng.standard_normal((*lead, n_in)).astype(np.float32)
     dy = rng.standard_normal((*lead, n_out)).astype(np.float32)
-    saved, F._BLOCK_ELEMENTS = F._BLOCK_ELEMENTS, block
+    saved, F.BLOCK_ELEMENTS_16BIT = F.BLOCK_ELEMENTS_16BIT, block
     try:
         y, back = layer.vjp(x)
         dx = back(dy)
     finally:
-        F._BLOCK_ELEMENTS = saved
+        F.BLOCK_ELEMENTS_16BIT = saved
     ref = twin32(layer)
     y32, back32 = ref.vjp(x)
     dx32 = back32(dy)

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..core import structure as _structure
 from ..backend import fast
+from ..backend import gemm as _gemm
 from ..core import anomaly as _anomaly
 from .. import functional as F
 from ..backend import threads as _threads
@@ -62,18 +63,19 @@ class _Plan:
         self.by_rows = {}                  # rows -> flags_for(rows)
 
     def flags_for(self, rows: int) -> np.ndarray:
-        """``flags`` for an input of ``rows`` rows: WEIGHT_FIRST added to each layer whose
-        forward GEMM ``functional.linear`` computes as ``(W @ x.T).T`` at that many rows,
-        BIAS_FIRST to each whose GEMM adds its bias (the kernels run only on a BLAS
-        ``functional._bias_first_gemm`` binds, with one float dtype)."""
+        """``flags`` for an input of ``rows`` rows: WEIGHT_FIRST or BIAS_FIRST added to each
+        layer whose forward GEMM ``backend.gemm.forward_layout`` lays out that way at that many
+        rows (the one decision ``functional.linear`` also asks)."""
         flags = self.by_rows.get(rows)
         if flags is None:
             flags = self.flags.copy()
             for i, w in enumerate(self.weights):
                 n_out, n_in = w.shape
-                if F._weight_first(rows, n_in, n_out, w.dtype, w.dtype):
+                layout = _gemm.forward_layout(rows, n_in, n_out, w.dtype, w,
+                                              self.biases[i] if flags[i] & K.BIAS else None)
+                if layout is _gemm.WEIGHT_FIRST:
                     flags[i] |= K.WEIGHT_FIRST
-                elif flags[i] & K.BIAS and F._bias_first(rows, n_out):
+                elif layout is _gemm.BIAS_FIRST:
                     flags[i] |= K.BIAS_FIRST
             if len(self.by_rows) >= 8:       # batch sizes seen: a few, bounded anyway
                 self.by_rows.clear()
@@ -124,7 +126,7 @@ def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None):
             _threads.before_gemm(macs)
         dx, has_dx = k.chain_backward(one, zero, dy, saved_x, plan.weights,
                                       plan.flags_for(rows), ws, mask, weight_grads, bias_grads,
-                                      modes, F._ones_vector(dy.shape[0], dy.dtype))
+                                      modes, _gemm.ones_vector(dy.shape[0], dy.dtype))
         for param, grad in apart:
             param.add_grad(grad)
         if _anomaly.enabled:      # turned on after the forward: each layer's gradients, then dx

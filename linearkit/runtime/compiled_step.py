@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import fast
+from ..backend import gemm as _gemm
 from .. import functional as F
 from ..backend import threads as _threads
 from ..backend.fast import blas as _blas
@@ -153,7 +154,7 @@ def _run(kernels, kept, optimizer, group, x, y, rows, loss_fn, modes, t, set_to_
             chain.one, chain.zero, x, chain.weights, chain.biases, chain.flags_for(rows),
             ws, out, targets, int(loss_fn.ignore_index), exps, row_sum, target_gap,
             1.0 / rows if mean else 1.0, kept.weight_grads, kept.bias_grads, modes,
-            F._ones_vector(rows, dtype), kept.data, grads, arrays["exp_avg"],
+            _gemm.ones_vector(rows, dtype), kept.data, grads, arrays["exp_avg"],
             arrays["exp_avg_sq"], vmax, kept.bounds, adam_flags, adam_scalars)
     except Exception as err:       # numba could not type these arrays: the parts, for good
         if not type(err).__module__.startswith("numba"):

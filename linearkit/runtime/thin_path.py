@@ -26,6 +26,7 @@ import numpy as np
 
 from ..core import anomaly as _anomaly
 from ..backend import fast
+from ..backend import gemm as _gemm
 from .. import functional as F
 from ..core import hooks as _hooks
 from .. import precision as P
@@ -132,13 +133,15 @@ def _linear_relu_vjp(linear: Linear, x, input_grad: bool):
 def _linear_relu(x, w, b, kernels):
     """``relu(x @ W.T + b)`` into the GEMM's fresh output, in place (one compiled pass when
     ``kernels``; else ``y += b`` and ``np.maximum(y, 0, out=y)``: the same bits). A large
-    output whose GEMM adds the bias (``functional._bias_first``) gets the ReLU alone."""
-    if b is not None and x.ndim > 1 and x.size * w.data.shape[0] >= F._BIAS_FIRST_MIN_OUT \
-            and F._bias_first_gemm(math.prod(x.shape[:-1]), x.dtype, w.data, b.data) is not None:
-        y = F.linear(x, w.data, b.data)
+    output whose GEMM adds the bias (``backend.gemm.BIAS_FIRST``) gets the ReLU alone."""
+    wd = w.data
+    if b is not None and x.ndim > 1 and x.size * wd.shape[0] >= _gemm.BIAS_FIRST_MIN_OUT \
+            and _gemm.forward_layout(math.prod(x.shape[:-1]), wd.shape[1], wd.shape[0], x.dtype,
+                                     wd, b.data) is _gemm.BIAS_FIRST:
+        y = F.linear(x, wd, b.data)
         b = None
     else:
-        y = F.linear(x, w.data, None)
+        y = F.linear(x, wd, None)
     y2 = y.reshape(-1, y.shape[-1]) if y.ndim != 2 else y
     if kernels is not None and y2.flags.c_contiguous:
         if b is None:

@@ -6,8 +6,8 @@ so that planning a chain imports no numba.
 
 BIAS, RELU, RES_START, RES_END = 1, 2, 4, 8       # structure: bias, ReLU after, Residual bounds
 NEED_DW, NEED_DB, NEED_DX = 16, 32, 64            # what the backward computes for the layer
-WEIGHT_FIRST = 128     # the forward GEMM as (W @ x.T).T (functional._weight_first says when)
-BIAS_FIRST = 256       # the bias written first, the GEMM adding into it (functional._bias_first)
+WEIGHT_FIRST = 128     # the forward GEMM as (W @ x.T).T (gemm.forward_layout says when)
+BIAS_FIRST = 256       # the bias written first, the GEMM adding into it (gemm.forward_layout)
 
 
 def workspace_per_row(outs, flags) -> int:

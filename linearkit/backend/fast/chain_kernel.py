@@ -130,7 +130,7 @@ def chain_forward(one, zero, x, weights, biases, flags, ws, out):
             z = _view(ws, offset, rows, n_out)
             offset += rows * n_out
         if f & WEIGHT_FIRST:
-            # y = (W @ x.T).T: functional._linear_weight_first's np.dot call, then its copy
+            # y = (W @ x.T).T: backend.gemm.linear_weight_first's np.dot call, then its copy
             z_t = np.empty((n_out, rows), x.dtype)
             gemm(ROW_MAJOR, NO_TRANS, TRANS, n_out, rows, n_in, one, w.ctypes.data, n_in,
                  a.ctypes.data, n_in, zero, z_t.ctypes.data, rows)
@@ -142,7 +142,7 @@ def chain_forward(one, zero, x, weights, biases, flags, ws, out):
             gemv(ROW_MAJOR, NO_TRANS, n_out, n_in, one, w.ctypes.data, n_in, a.ctypes.data, 1,
                  zero, z.ctypes.data, 1)
         elif f & BIAS_FIRST:
-            # y = b, then y += x @ W.T in the GEMM: functional._linear_bias_first's call
+            # y = b, then y += x @ W.T in the GEMM: backend.gemm.linear_bias_first's call
             b = biases[i]
             for r in range(rows):
                 for c in range(n_out):
