@@ -1,5 +1,6 @@
-"""linearkit, used the way its README and DESIGN.md say: ``layer(x)``, ``layer.vjp(x)`` and the
-documented training step, through ``linearkit.training.loop.step`` (the library's one copy of it)::
+"""linearkit, used the way its README and docs/custom_modules.md say: ``layer(x)``,
+``layer.vjp(x)`` and the documented training step, through ``linearkit.training.loop.step`` (the
+library's one copy of it)::
 
     pred, back = model.vjp(x, input_grad=False)
     loss, loss_back = loss_fn.vjp(pred, target)
@@ -273,29 +274,22 @@ def recipe(rec) -> None:
 def step_in_parts(once):
     """``once`` with the one-call compiled step off (linearkit/runtime/compiled_step.py): the chain, the
     fused loss and Adam's flat kernel called one by one."""
-    from linearkit.runtime import compiled_step
+    import linearkit as lk
 
     def run() -> float:
-        compiled_step.enabled = False
-        try:
+        with lk.runtime.disabled("compiled_step"):
             return once()
-        finally:
-            compiled_step.enabled = True
     return run
 
 
 def without_compiled_chain(once):
     """``once`` with the compiled step and Sequential's compiled chain off (the thin path:
     runtime/thin_path.py)."""
-    from linearkit.runtime import compiled_chain as compiled
+    import linearkit as lk
 
     def run() -> float:
-        real = compiled.chain_vjp
-        compiled.chain_vjp = lambda *args: None
-        try:
-            return step_in_parts(once)()
-        finally:
-            compiled.chain_vjp = real
+        with lk.runtime.disabled("compiled_step", "compiled_chain"):
+            return once()
     return run
 
 

@@ -252,9 +252,9 @@ class BCEWithLogitsLoss(_Loss):
         return loss, backward
 
 # The fused cross-entropy kernel makes one exp per element through libm (not vectorized) where
-# NumPy's exp is SIMD: it wins while call overheads dominate. Measured float32, C = 10:
-# 100 rows 19 vs 56-88 us (NumPy path), 512 rows 87 vs 136; C = 1000, 32 rows 349 vs 221.
-_FUSED_CE_MAX = 8192
+# NumPy's exp is SIMD: it wins while call overheads dominate, so it is used up to this many
+# elements (batch x classes; docs/fast.md, "Figures behind choices in the code").
+FUSED_CE_MAX = 8192
 
 
 class CrossEntropyLoss(_Loss):
@@ -497,7 +497,7 @@ class CrossEntropyLoss(_Loss):
         kernels cannot take it, and the NumPy path runs. Results are rounded once from float64
         (the kernel's docstring), so they can differ from the NumPy path's by a few ulp."""
         m = x2.shape[0]
-        if not (0 < m and x.ndim <= 2 and x2.size <= _FUSED_CE_MAX and x2.flags.c_contiguous
+        if not (0 < m and x.ndim <= 2 and x2.size <= FUSED_CE_MAX and x2.flags.c_contiguous
                 and fast.supports(x2.dtype)):
             return None
         kernels = fast.kernels()

@@ -88,8 +88,7 @@ def _train_both(pair, batches, monkeypatch, set_to_none=False, between=None):
         if between is not None:
             between(i, opt, twin_opt)
         compiled_loss = step(model, loss_fn, opt, x, y, set_to_none=set_to_none)
-        with monkeypatch.context() as m:
-            m.setattr(compiled_step, "enabled", False)
+        with lk.runtime.disabled("compiled_step"):
             parts_loss = step(twin, loss_fn, twin_opt, x, y, set_to_none=set_to_none)
         assert np.float64(compiled_loss).tobytes() == np.float64(parts_loss).tobytes()
         _same_state(model, opt, twin, twin_opt)
@@ -284,8 +283,7 @@ def test_deep_copied_model_and_optimizer_train_on_their_own(monkeypatch):
         step(twin, loss_fn, twin_opt, x, y)
     assert count.calls >= 3
     assert all((p.data == b).all() for p, b in zip(model.parameters(), before))
-    with monkeypatch.context() as m:
-        m.setattr(compiled_step, "enabled", False)
+    with lk.runtime.disabled("compiled_step"):
         for x, y in batches[3:]:
             step(model, loss_fn, opt, x, y)
     _same_state(model, opt, twin, twin_opt)
@@ -299,8 +297,7 @@ def test_linearkit_train_runs_the_compiled_step_with_the_parts_bits(monkeypatch)
     count = _Count(monkeypatch)
     fast_model, fast_result = train("mlp", hidden=16, steps=40, eval_every=0)
     assert count.calls == 39
-    with monkeypatch.context() as m:
-        m.setattr(compiled_step, "enabled", False)
+    with lk.runtime.disabled("compiled_step"):
         parts_model, parts_result = train("mlp", hidden=16, steps=40, eval_every=0)
     assert count.calls == 39
     for a, b in zip(fast_model.parameters(), parts_model.parameters()):

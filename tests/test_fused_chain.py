@@ -9,6 +9,8 @@ name the failing child.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 import pytest
 from fresh_process import imports
@@ -37,9 +39,7 @@ def _models(dtype, rng):
 
 
 def _run(model, x, dy, input_grad, thin, monkeypatch):
-    with monkeypatch.context() as m:
-        if not thin:
-            m.setattr(fused, "thin_path", lambda: False)
+    with nullcontext() if thin else lk.runtime.disabled("thin_path"):
         model.zero_grad()
         y, backward = model.vjp(x, input_grad=input_grad)
         dx = backward(dy)
@@ -121,8 +121,7 @@ def test_thin_forward_is_bitwise_each_childs_call(monkeypatch, fast_env, dtype, 
     x = rng.standard_normal(lead + (6,)).astype(np.float32 if dtype == "bfloat16" else dtype)
     x.reshape(-1)[:1] = 0.0
     thin = model(x)
-    with monkeypatch.context() as m:
-        m.setattr(fused, "thin_path", lambda: False)
+    with lk.runtime.disabled("thin_path"):
         guarded = model(x)
     _same(thin, guarded)
 

@@ -1,6 +1,7 @@
 """Module: the tree, parameters, state_dict, train/eval, repr, call hooks and the vjp entry.
 
-The backward protocol (see DESIGN.md): ``y = module(x)`` is a forward that keeps nothing;
+The backward protocol (docs/architecture.md, docs/custom_modules.md): ``y = module(x)`` is a
+forward that keeps nothing;
 ``y, backward = module.vjp(x, input_grad=True)`` returns a closure that adds each trainable
 parameter's gradient into ``param.grad`` and returns ``dL/dx`` (None when ``input_grad=False``).
 Every ``vjp`` a subclass defines is wrapped once (``vjp_protocol.guarded_vjp``): one call per
@@ -507,6 +508,12 @@ class Module:
         return y
 
     # ------------------------------------------------------------------ call hooks
+    def has_hooks(self) -> bool:
+        """Whether a call hook (forward pre-hook, forward hook or backward hook) is registered
+        on this module itself (global hooks: ``linearkit.hooks.active``)."""
+        hooks = self._hooks
+        return hooks is not None and bool(hooks)
+
     def _hook_set(self) -> _hooks.HookSet:
         if self._hooks is None:
             object.__setattr__(self, "_hooks", _hooks.HookSet(self))

@@ -8,9 +8,19 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..core.module import Module
-from ..runtime import thin_path as _fused
 
-__all__ = ["Residual", "Sequential"]
+__all__ = ["Residual", "Sequential", "install_runner"]
+
+# How a Sequential runs its children is the runtime's choice: linearkit.runtime installs its
+# runner here when linearkit is imported (``runner.forward(seq, x)``, ``runner.vjp(seq, x,
+# input_grad)``). Without one, every child runs through its own guarded call.
+_runner = None
+
+
+def install_runner(runner) -> None:
+    """Make ``runner`` decide how every Sequential runs (None: each child through its guard)."""
+    global _runner
+    _runner = runner
 
 
 def trains(module: Module) -> bool:
@@ -70,6 +80,10 @@ class Sequential(Module):
     def __iter__(self):
         return iter(self._modules.values())
 
+    def steps(self) -> list[Module]:
+        """The modules in call order (a module used twice listed twice)."""
+        return list(self._modules.values())
+
     def named_steps(self) -> list[tuple[str, Module]]:
         """``(name, module)`` of each step in call order, a module used twice listed twice
         (``named_children`` lists it once); what tools walk to mirror ``forward``."""
@@ -100,28 +114,37 @@ class Sequential(Module):
             self.add_module(str(position), item)
 
     def forward(self, x):
-        """Each child on the output of the one before. While nothing observes the children one
-        by one (no hooks anywhere, no ``detect_anomaly``: ``fused.thin_path``), a child without
-        hooks runs its ``forward`` directly, without ``__call__``'s checks (~0.6 us a child),
-        and ``Linear -> ReLU`` as one step (``fused.chain_forward``: the same bits); an error
-        still names the child, located by this Sequential's own call."""
-        if _fused.thin_path():
-            return _fused.chain_forward(list(self._modules.values()), x, self)
+        """Each child on the output of the one before: ``forward_each``'s values, by the route
+        the runtime picks (``linearkit.runtime.explain`` says which and why: while nothing
+        observes the children one by one, they run without a guard each, ``Linear -> ReLU`` as
+        one step, or the whole chain as one compiled call; the same bits). An error still names
+        the child, located by this Sequential's own call."""
+        runner = _runner
+        if runner is not None:
+            return runner.forward(self, x)
+        return self.forward_each(x)
+
+    def forward_each(self, x):
+        """Each child through its own call (``module(x)``, hooks and checks included)."""
         for module in self._modules.values():
             x = module(x)
         return x
 
     def vjp(self, x, input_grad: bool = True):
-        """Chain the children's closures; backward runs them in reverse.
+        """Chain the children's closures; backward runs them in reverse (``vjp_each``'s values,
+        by the route the runtime picks, as ``forward``).
 
-        Built-in children run on the thin path while nothing observes them one by one
-        (``runtime/thin_path.py``: no guard per child, ``Linear -> ReLU`` as one step; same values).
         A child gets ``input_grad=False`` when neither the caller nor any earlier child needs a
         gradient through it (a first layer, or a frozen prefix): its dX GEMM is skipped and the
         frozen prefix is not visited in backward at all.
         """
-        if _fused.thin_path():
-            return _fused.chain_vjp(list(self._modules.values()), x, input_grad, trains, self)
+        runner = _runner
+        if runner is not None:
+            return runner.vjp(self, x, input_grad)
+        return self.vjp_each(x, input_grad)
+
+    def vjp_each(self, x, input_grad: bool = True):
+        """``vjp`` with each child through its own guarded ``vjp``."""
         backwards = []
         need = input_grad
         for module in self._modules.values():

@@ -92,6 +92,16 @@ class Linear(Module):
         if len(shape) == 0 or shape[-1] != self.in_features:
             raise self._shape_error(shape)
 
+    def checked_input(self, x) -> np.ndarray:
+        """``x`` as this layer's input, ``(*, in_features)`` of the weight's dtype: returned as
+        it is when it already is one (checked inline: the hot path of every route), else
+        converted, or the ShapeError ``forward`` raises. A LazyLinear gets its weight here."""
+        w = self.weight
+        if w is not None and type(x) is np.ndarray and x.dtype is w.data.dtype and x.ndim \
+                and x.shape[-1] == self.in_features:
+            return x
+        return self._input(x)
+
     def _input(self, x) -> np.ndarray:
         x = as_input(self, x, self.weight.data.dtype)
         if x.ndim == 0 or x.shape[-1] != self.in_features:  # check_input_shape, inlined (hot)
@@ -117,14 +127,8 @@ class Linear(Module):
     # ------------------------------------------------------------------ forward / backward
     def forward(self, x: np.ndarray) -> np.ndarray:
         """``(*, in_features) -> (*, out_features)``."""
-        w = self.weight
-        # the common case checked inline (a call less on a small layer's hot path); anything
-        # else gets _input's conversion or its error (and a LazyLinear its weight)
-        if w is None or not (type(x) is np.ndarray and x.dtype is w.data.dtype and x.ndim
-                             and x.shape[-1] == self.in_features):
-            x = self._input(x)
-            w = self.weight
-        w = w.data
+        x = self.checked_input(x)
+        w = self.weight.data
         b = self.bias
         if P.current.compute is not None:
             P.check_compute(self, w.dtype)
@@ -136,12 +140,8 @@ class Linear(Module):
         The closure adds ``dW = dyᵀ x`` into ``weight.grad`` and ``db = Σ dy`` into ``bias.grad``,
         skipping the GEMM of a frozen weight and, for ``input_grad=False``, of ``dx``.
         """
-        w = self.weight
-        if w is None or not (type(x) is np.ndarray and x.dtype is w.data.dtype and x.ndim
-                             and x.shape[-1] == self.in_features):    # forward's inline check
-            x = self._input(x)
-            w = self.weight
-        b = self.bias
+        x = self.checked_input(x)
+        w, b = self.weight, self.bias
         policy = P.current
         if policy.compute is not None:
             P.check_compute(self, w.data.dtype)
@@ -163,11 +163,11 @@ class Linear(Module):
         """``vjp`` for 16-bit parameters or saved activations kept in 16 bits (the policy).
 
         The GEMMs run in float32. dx = dy @ W needs the weight again: a bfloat16 weight is
-        upcast again in the backward (block by block, ~1.1 ms per 4M elements), while a float16
-        one keeps its float32 copy from the forward in the closure (4 bytes per weight element,
-        counted among what the backward keeps), as torch's autocast caches its casts: NumPy's
-        float16 upcast costs about half a float32 GEMM, and doing it twice made the
-        benchmark's fwd+bwd 1.5-1.7x float32 instead of ~1.3x (benchmarks/precision.py).
+        upcast again in the backward (block by block: a cheap pass), while a float16 one keeps
+        its float32 copy from the forward in the closure (4 bytes per weight element, counted
+        among what the backward keeps), as torch's autocast caches its casts: NumPy's float16
+        upcast is slow (a large share of a float32 GEMM), so doing it twice would slow the
+        backward noticeably (docs/dtypes.md, "What the upcasts cost"; benchmarks/precision.py).
         Without ``input_grad`` no copy is kept. dW and db come out float32 and are stored as
         ``precision.grad_dtype`` said at forward time; x is kept in ``policy.activations``
         (upcast again for dW) when that is set.

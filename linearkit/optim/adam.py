@@ -16,9 +16,9 @@ from .optimizer import Optimizer, StateKeys
 
 __all__ = ["Adam", "AdamW", "adam_direction", "adam_step"]
 
-_KEYS = ("exp_avg", "exp_avg_sq")
-_KEYS_AMSGRAD = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
-_NEEDS = {keys: frozenset({"step", *keys}) for keys in (_KEYS, _KEYS_AMSGRAD)}
+STATE_KEYS = ("exp_avg", "exp_avg_sq")
+STATE_KEYS_AMSGRAD = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+_NEEDS = {keys: frozenset({"step", *keys}) for keys in (STATE_KEYS, STATE_KEYS_AMSGRAD)}
 
 
 def adam_direction(grad: np.ndarray, param: np.ndarray | None, exp_avg: np.ndarray,
@@ -132,7 +132,12 @@ class Adam(Optimizer):
 
     _decoupled = False
     _zeroes_while_stepping = True
-    _state_names = frozenset({"step", *_KEYS_AMSGRAD})
+    _state_names = frozenset({"step", *STATE_KEYS_AMSGRAD})
+
+    @property
+    def decoupled_weight_decay(self) -> bool:
+        """True for AdamW (weight decay applied to the weights), False for Adam (to the grads)."""
+        return self._decoupled
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0, amsgrad: bool = False, *,
@@ -174,7 +179,7 @@ class Adam(Optimizer):
         hyper = {"lr": float(group["lr"]), "beta1": float(beta1), "beta2": float(beta2),
                  "eps": float(group["eps"]), "weight_decay": float(group["weight_decay"]),
                  "maximize": group["maximize"], "decoupled_weight_decay": self._decoupled}
-        keys = _KEYS_AMSGRAD if group["amsgrad"] else _KEYS
+        keys = STATE_KEYS_AMSGRAD if group["amsgrad"] else STATE_KEYS
         live = [*self._trainable(group)]  # not list(): its lists refill the freelist slowly
         flat = flat_state(self, group, live, keys)
         if flat is not None:

@@ -156,6 +156,11 @@ class Optimizer:
         for group in self.param_groups:
             self._zero_group(group, set_to_none)
 
+    def flat_state(self, group: dict):
+        """The ``FlatState`` holding ``group``'s state and gradients in one buffer per array
+        (``flat.py``), or None while the group has none (before its first flat step)."""
+        return self._flat.get(id(group))
+
     def _zero_group(self, group: dict, set_to_none: bool) -> None:
         flat = self._flat.get(id(group))
         if not set_to_none and flat is not None and flat.owns_grads(group["params"]):
@@ -178,7 +183,8 @@ class Optimizer:
 
         An optimizer whose compiled step can zero the gradients it has just read does so in the
         same pass (Adam/AdamW, ``set_to_none=False``, after the first step: one pass less over
-        the gradients, ~50 us on the 269k parameters of MLP 784-256-256-10 here);
+        the gradients; docs/fast.md, "One pass for Adam's step and the zeroing of the
+        gradients", has the timing);
         ``linearkit.training.loop.step`` calls this. Groups are disjoint, so each is stepped and zeroed
         in turn.
         """

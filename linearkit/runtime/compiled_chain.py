@@ -19,7 +19,7 @@ The BLAS thread policy (linearkit.backend.threads) is asked once per kernel, for
 GEMM, instead of once per GEMM. Anything else takes the thin path, which also raises every
 error (a wrong width, a Residual that changes the shape) naming the child. So does every chain
 while ``tracemalloc`` is tracing: it cannot see the arrays numba allocates (the backward's
-temporaries), and memory measurements (linearkit.analysis.checkpoint_measure, the ledger's checks) must
+temporaries), and memory measurements (the ledger's checks, the checkpointing experiment) must
 see what the thin path allocates; the kernels allocate the same arrays at the same points.
 """
 
@@ -41,13 +41,13 @@ from ..core.vjp_protocol import check_backward, check_finite
 from ..layers.activation import ReLU
 from ..layers.linear import Linear
 
-__all__ = ["chain_forward", "chain_vjp", "plan_for"]
+__all__ = ["Plan", "chain_forward", "chain_vjp", "describe", "plan_for", "plain_array"]
 
 _containers = None      # (Sequential, Residual, trains), imported on first use (container
 #                         imports us)
 
 
-class _Plan:
+class Plan:
     """What the kernels need besides the arrays a backward keeps (bookkeeping, not memory the
     ledger counts as saved activations): the layers' arrays, flags and the largest GEMM."""
 
@@ -92,7 +92,7 @@ def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None):
     dW, each unit's output (in one workspace ``ws``), the final output only as a ReLU's mask.
     """
     plan = plan_for(modules, x, input_grad, trains, owner)
-    if plan is None:
+    if plan.__class__ is not Plan:
         return None
     kernels = fast.kernels()
     if kernels is None or _blas.functions(x.dtype) is None:   # NumPy's BLAS, bit-checked
@@ -119,7 +119,7 @@ def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None):
     saved_x = x if flags[0] & K.NEED_DW else _nothing(dtype)
 
     def backward(dy):
-        if not _plain(dy):
+        if not plain_array(dy):
             dy = np.array(dy, order="C")      # a copy the kernel may read as the usual type
         weight_grads, bias_grads, modes, apart = _grad_targets(plan)
         if macs >= _threads.switch_macs:
@@ -139,55 +139,98 @@ def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None):
     return out, backward
 
 
-def _units(modules, units: list, in_residual: bool) -> bool:
-    """Append ``[linear, flags]`` for each unit of ``modules`` (in call order); False when a step
-    is not one the kernels run."""
+# Why a chain is not one the kernels run (``plan_for``'s answer, which ``explain`` shows);
+# a tuple ``(reason, module)`` names the module the reason is about.
+NOT_A_UNIT = "a step the kernels do not run (they take Linear, a ReLU after a Linear, Sequential, " \
+             "and Residual around those, not nested)"
+HOOKED = "a call hook is registered on it"
+EMPTY_RESIDUAL = "a Residual around no Linear"
+INPUT = ("the input is not a C-contiguous, aligned, writeable 2-D float32/float64 array of at "
+         "least {rows} rows")
+TRACING = "tracemalloc is tracing (it cannot see the arrays numba allocates)"
+LAZY = "an unmaterialized LazyLinear"
+LAYOUT = ("a weight of another dtype, layout, or a width under 2, or one that does not match the "
+          "input")
+TWICE = "a parameter appears twice (a shared layer)"
+RESIDUAL_SHAPE = "a Residual whose block changes the width (the thin path raises its ShapeError)"
+KEEPS = "the workspace would keep an output no thin-path closure keeps"
+NOT_LOADED = "the kernels are not loaded (a plain forward never imports numba; a training step " \
+             "loads them)"
+NO_KERNELS = "no compiled kernels (numba missing, or LINEARKIT_FAST=0)"
+NO_BLAS = "NumPy's BLAS is not the one backend/fast/blas.py binds"
+OFF = "switched off (linearkit.runtime.disabled)"
+
+
+def describe(reason, paths: dict | None = None) -> str:
+    """``plan_for``'s reason as a sentence; ``paths`` (module -> its path in the model, by id)
+    names the module a ``(reason, module)`` is about."""
+    if not isinstance(reason, tuple):
+        return str(reason)
+    text, module = reason
+    name = type(module).__name__
+    path = (paths or {}).get(id(module))
+    return f"{text}: {name}" + (f" at '{path}'" if path else "")
+
+
+def _units(modules, units: list, in_residual: bool):
+    """Append ``[linear, flags]`` for each unit of ``modules`` (in call order); None, or
+    ``(reason, module)`` for the first step that is not one the kernels run."""
     sequential, residual, _ = _containers or _import_containers()
     i, n = 0, len(modules)
     while i < n:
         module = modules[i]
         kind = type(module)
-        if module is None or module._hooks:
-            return False
+        if module is None:
+            return NOT_A_UNIT, module
+        if module.has_hooks():
+            return HOOKED, module
         if kind is Linear:
-            relu = i + 1 < n and type(modules[i + 1]) is ReLU and not modules[i + 1]._hooks
+            relu = i + 1 < n and type(modules[i + 1]) is ReLU and not modules[i + 1].has_hooks()
             units.append([module, K.RELU if relu else 0])
             i += 2 if relu else 1
             continue
         if kind is sequential:
-            if not _units(list(module._modules.values()), units, in_residual):
-                return False
+            why = _units(module.steps(), units, in_residual)
+            if why is not None:
+                return why
         elif kind is residual and not in_residual:
             start = len(units)
-            if not _units([module.module], units, True) or len(units) == start:
-                return False
+            why = _units([module.module], units, True)
+            if why is not None:
+                return why
+            if len(units) == start:
+                return EMPTY_RESIDUAL, module
             units[start][1] |= K.RES_START
             units[-1][1] |= K.RES_END
         else:
-            return False
+            return NOT_A_UNIT, module
         i += 1
-    return True
+    return None
 
 
 def plan_for(modules: list, x, input_grad: bool, trains, owner, min_rows: int = 2):
     """The kernels' plan for running ``modules`` on ``x`` (the one ``owner`` kept, or a new
-    one), or None when the thin path must run: ``x`` not a C-contiguous, aligned, writeable 2-D
-    float32/float64 array of at least ``min_rows`` rows, ``tracemalloc`` tracing, or a chain
-    or layout the kernels do not take (``_units``, ``_plan``).
+    one), or why the thin path must run (a reason, or ``(reason, module)``): ``x`` not a
+    C-contiguous, aligned, writeable 2-D float32/float64 array of at least ``min_rows`` rows,
+    ``tracemalloc`` tracing, or a chain or layout the kernels do not take (``_units``,
+    ``_plan``).
 
     While no module anywhere changed its structure or hooks (``_structure.token``) and none of
     the plan's Parameters changed its array or flags, the kept plan is returned without walking
     the modules again (``_Kept.fits``: ~0.4 us instead of ~2.5 for a three-layer MLP)."""
-    if not (type(x) is np.ndarray and x.ndim == 2 and x.shape[0] >= min_rows and _plain(x)
-            and fast.supports(x.dtype)) or is_tracing():
-        return None
+    if not (type(x) is np.ndarray and x.ndim == 2 and x.shape[0] >= min_rows and plain_array(x)
+            and fast.supports(x.dtype)):
+        return INPUT.format(rows=min_rows)
+    if is_tracing():
+        return TRACING
     if owner is not None:
         kept = owner.__dict__.get("_compiled_plan")
         if kept is not None and kept.fits(x, input_grad):
             return kept.plan
     units = []
-    if not _units(modules, units, False):
-        return None
+    why = _units(modules, units, False)
+    if why is not None:
+        return why
     return _cached_plan(owner, units, x, input_grad, trains)
 
 
@@ -211,7 +254,7 @@ def chain_forward(modules: list, x, owner):
         return None
     plan = plan_for(modules, x, False, (_containers or _import_containers())[2], owner,
                     min_rows=1)
-    if plan is None or _blas.functions(x.dtype) is None:
+    if plan.__class__ is not Plan or _blas.functions(x.dtype) is None:
         return None
     rows, dtype = x.shape[0], x.dtype
     macs = rows * plan.macs_per_row
@@ -230,13 +273,14 @@ def chain_forward(modules: list, x, owner):
     return out
 
 
-def _cached_plan(owner, units, x, input_grad: bool, trains) -> _Plan | None:
+def _cached_plan(owner, units, x, input_grad: bool, trains):
     """``_plan``, or the one ``owner`` kept when nothing it was made from changed: the same
     modules, Parameters and arrays (by identity: the plan holds them, so no id is reused while
     it is kept), the same requires_grad and writeable flags, input dtype, width and
     ``input_grad``. The kept plan holds the arrays it was made from: an array replaced since
     (``p.data = new``) stays alive until the Sequential's next ``vjp`` replaces the plan."""
-    key = [x.dtype.char, x.shape[1], input_grad]
+    key = [x.dtype.char, x.shape[1], input_grad, _gemm.rules[_gemm.WEIGHT_FIRST],
+           _gemm.rules[_gemm.BIAS_FIRST]]
     for linear, structure in units:
         params = linear._parameters
         w, b = params["weight"], params["bias"]
@@ -261,7 +305,7 @@ class _Kept:
 
     __slots__ = ("char", "input_grad", "key", "params", "plan", "token", "width")
 
-    def __init__(self, key: list, plan: _Plan | None, units, x, input_grad: bool):
+    def __init__(self, key: list, plan: Plan | None, units, x, input_grad: bool):
         self.key, self.plan, self.token = key, plan, _structure.token
         self.char, self.width, self.input_grad = x.dtype.char, x.shape[1], input_grad
         self.params = tuple((p, p.data, p.requires_grad, p.data.flags.writeable)
@@ -279,10 +323,11 @@ class _Kept:
         return True
 
 
-def _plan(units, x, input_grad: bool, trains) -> _Plan | None:
-    """The kernels' plan for ``units`` on ``x``, or None when a width, dtype or layout is not
-    theirs, a parameter is used twice, or the workspace would keep an output that no thin-path
-    closure keeps (a Residual's inner output without a ReLU, a frozen layer's input)."""
+def _plan(units, x, input_grad: bool, trains):
+    """The kernels' plan for ``units`` on ``x``, or why not (``(reason, module)``): a width,
+    dtype or layout is not theirs, a parameter is used twice, or the workspace would keep an
+    output that no thin-path closure keeps (a Residual's inner output without a ReLU, a frozen
+    layer's input)."""
     dtype = x.dtype
     width = x.shape[1]
     weights, biases, flags = [], [], []
@@ -293,23 +338,26 @@ def _plan(units, x, input_grad: bool, trains) -> _Plan | None:
     for linear, structure in units:
         params = linear._parameters
         w, b = params["weight"], params["bias"]
-        if w is None:                         # an unmaterialized LazyLinear
-            return None
+        if w is None:
+            return LAZY, linear
         wd = w.data
         n_out, n_in = wd.shape
-        if (wd.dtype != dtype or not _plain(wd) or n_in != width or n_out < 2 or n_in < 2
-                or id(w) in seen):
-            return None
+        if id(w) in seen:
+            return TWICE, linear
+        if wd.dtype != dtype or not plain_array(wd) or n_in != width or n_out < 2 or n_in < 2:
+            return LAYOUT, linear
         seen.add(id(w))
         f = structure
         if structure & K.RES_START:
             start_width = width
         if structure & K.RES_END and n_out != start_width:
-            return None                       # the thin path raises Residual's ShapeError
+            return RESIDUAL_SHAPE, linear
         if b is not None:
             bd = b.data
-            if bd.dtype != dtype or not _plain(bd) or id(b) in seen:
-                return None
+            if id(b) in seen:
+                return TWICE, linear
+            if bd.dtype != dtype or not plain_array(bd):
+                return LAYOUT, linear
             seen.add(id(b))
             f |= K.BIAS | (K.NEED_DB if b.requires_grad else 0)
             biases.append(bd)
@@ -325,13 +373,13 @@ def _plan(units, x, input_grad: bool, trains) -> _Plan | None:
         macs_per_row = max(macs_per_row, n_out * n_in)
         width = n_out
     if not _keeps_only_what_the_thin_path_keeps(flags):
-        return None
+        return KEEPS
     per_row = K.workspace_per_row([w.shape[0] for w in weights], flags)
-    return _Plan(units, tuple(weights), tuple(biases), np.array(flags, np.int64), macs_per_row,
+    return Plan(units, tuple(weights), tuple(biases), np.array(flags, np.int64), macs_per_row,
                  per_row)
 
 
-def _plain(a: np.ndarray) -> bool:
+def plain_array(a: np.ndarray) -> bool:
     """C-contiguous, aligned and writeable: the one array type the kernels' tuples hold (numba
     cannot index a tuple mixing read-only or unaligned arrays with others)."""
     flags = a.flags
@@ -355,7 +403,7 @@ def _keeps_only_what_the_thin_path_keeps(flags) -> bool:
     return True
 
 
-def _grad_targets(plan: _Plan):
+def _grad_targets(plan: Plan):
     """What the backward kernel writes dW/db into, per layer, and how (``grad_modes``); a
     gradient whose ``.grad`` it cannot take is computed into a new array, added afterwards."""
     flags = plan.flags

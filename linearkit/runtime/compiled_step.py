@@ -27,15 +27,13 @@ from ..backend import threads as _threads
 from ..backend.fast import blas as _blas
 from ..backend.fast import chain_flags as K
 from . import compiled_chain as _compiled
-from . import thin_path as _fused
+from . import switches as _switches
+from . import thin_path as _thin
 from ..layers.container import Sequential, trains
-from ..losses import _FUSED_CE_MAX, CrossEntropyLoss
-from ..optim.adam import _KEYS, _KEYS_AMSGRAD, Adam, AdamW
+from ..losses import FUSED_CE_MAX, CrossEntropyLoss
+from ..optim.adam import STATE_KEYS, STATE_KEYS_AMSGRAD, Adam, AdamW
 
-__all__ = ["run"]
-
-#: False runs every step's parts one by one (tests and benchmarks compare the two)
-enabled = True
+__all__ = ["prepare", "run"]
 
 _OPTIMIZERS = (Adam, AdamW)
 _REDUCTIONS = ("mean", "sum")
@@ -82,64 +80,88 @@ class _StepPlan:
 def run(model, loss_fn, optimizer, x, y, set_to_none: bool) -> float | None:
     """``loop.step(model, loss_fn, optimizer, x, y, set_to_none=...)`` in one compiled call:
     the loss (a float), every state as the step's parts leave it; or None, nothing touched,
-    when the step is not one the kernel runs (the module docstring says which)."""
-    if (not enabled or type(model) is not Sequential or model._hooks
-            or type(loss_fn) is not CrossEntropyLoss or loss_fn._hooks
-            or type(optimizer) not in _OPTIMIZERS
-            or len(optimizer.param_groups) != 1 or not _fused.thin_path()):
+    when the step is not one the kernel runs (``prepare`` says why)."""
+    ready = prepare(model, loss_fn, optimizer, x, y)
+    if ready.__class__ is str:
         return None
+    kernels, kept, group, rows, modes, step = ready
+    return _run(kernels, kept, optimizer, group, x, y, rows, loss_fn, modes, step + 1,
+                set_to_none)
+
+
+def prepare(model, loss_fn, optimizer, x, y):
+    """What ``run`` needs for this step, or why the step runs as its parts (a str, the first
+    condition that failed; ``linearkit.runtime.explain`` shows it)."""
+    if not _switches.on["compiled_step"]:
+        return "switched off (linearkit.runtime.disabled)"
+    if type(model) is not Sequential:
+        return "the model is not a Sequential"
+    if model.has_hooks() or loss_fn.has_hooks():
+        return "a call hook is registered on the model or the loss"
+    if type(loss_fn) is not CrossEntropyLoss:
+        return "the loss is not CrossEntropyLoss"
+    if type(optimizer) not in _OPTIMIZERS:
+        return "the optimizer is not Adam or AdamW"
+    if len(optimizer.param_groups) != 1:
+        return "the optimizer has more than one parameter group"
+    why = _thin.blocker()
+    if why is not None:
+        return why
     kept = optimizer.__dict__.get("_compiled_step")
-    if kept is False:                       # numba could not compile it for these arrays
-        return None
-    chain = _compiled.plan_for(list(model._modules.values()), x, False, trains, model)
-    if chain is None:
-        return None
+    if kept is False:
+        return "numba could not compile the step for these arrays"
+    chain = _compiled.plan_for(model.steps(), x, False, trains, model)
+    if chain.__class__ is not _compiled.Plan:
+        return "the model is not one compiled chain: " + _compiled.describe(chain)
     rows = x.shape[0]
     if not (loss_fn.weight is None and not loss_fn.label_smoothing
             and loss_fn.reduction in _REDUCTIONS and type(y) is np.ndarray
             and y.dtype.kind in "iu" and y.shape == (rows,)):
-        return None
+        return ("the loss has a class weight, label smoothing or reduction='none', or the "
+                "targets are not class indices of shape (B,)")
     classes = chain.weights[-1].shape[0]
-    if rows * classes > _FUSED_CE_MAX:      # the loss's NumPy path: other roundings
-        return None
+    if rows * classes > FUSED_CE_MAX:      # the loss's NumPy path: other roundings
+        return "the batch's logits are too many for the fused loss kernel"
     group = optimizer.param_groups[0]
     params = group["params"]
-    keys = _KEYS_AMSGRAD if group["amsgrad"] else _KEYS
-    flat = optimizer._flat.get(id(group))
+    keys = STATE_KEYS_AMSGRAD if group["amsgrad"] else STATE_KEYS
+    flat = optimizer.flat_state(group)
     state = optimizer.state
     if (flat is None or not flat.adopted or flat.mixed or flat.buffers["grad"].dtype != x.dtype
             or not flat.owns(params, state, keys)):
-        return None
+        return ("Adam's flat state is not packed yet (its first step packs it) or holds other "
+                "arrays")
     step = state[params[0]]["step"]
     for p in params:
         if state[p]["step"] != step:
-            return None
+            return "the parameters are at different steps"
     if kept is None or kept.chain is not chain or kept.flat is not flat or kept.params != params:
         kept = _step_plan(chain, flat, params)
         if kept is None:
-            return None
+            return "the optimizer's group is not exactly the chain's trainable parameters"
         object.__setattr__(optimizer, "_compiled_step", kept)
     modes = _grad_modes(kept)
     if modes is None:
-        return None
+        return "the gradients are neither all None nor all the flat buffer's own views"
     kernels = fast.kernels()
-    if kernels is None or _blas.functions(x.dtype) is None:
-        return None
-    return _run(kernels, kept, optimizer, group, x, y, rows, loss_fn, modes, step + 1,
-                set_to_none)
+    if kernels is None:
+        return _compiled.NO_KERNELS
+    if _blas.functions(x.dtype) is None:
+        return _compiled.NO_BLAS
+    return kernels, kept, group, rows, modes, step
 
 
 def _run(kernels, kept, optimizer, group, x, y, rows, loss_fn, modes, t, set_to_none):
     chain, flat, params = kept.chain, kept.flat, kept.params
     dtype = x.dtype
     targets = y.astype(np.intp, copy=False)
-    if not _compiled._plain(targets):      # one compiled version: a contiguous, writeable copy
+    if not _compiled.plain_array(targets):      # one compiled version: a contiguous, writeable copy
         targets = np.array(targets, np.intp)
     beta1, beta2 = group["betas"]
     adam_flags, adam_scalars = kernels.adam_settings(
         flat.__dict__.setdefault("_scratch", {}), dtype, step=t, lr=group["lr"], beta1=beta1,
         beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-        maximize=group["maximize"], decoupled_weight_decay=optimizer._decoupled,
+        maximize=group["maximize"], decoupled_weight_decay=optimizer.decoupled_weight_decay,
         amsgrad=bool(group["amsgrad"]), zero_grads=not set_to_none)
     arrays = flat.arrays
     grads = flat.buffers["grad"]

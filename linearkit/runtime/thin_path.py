@@ -29,29 +29,104 @@ from ..backend import fast
 from ..backend import gemm as _gemm
 from .. import functional as F
 from ..core import hooks as _hooks
+from ..core import structure as _structure
 from .. import precision as P
 from ..core.vjp_protocol import check_backward, dy_shape_error
 from . import compiled_chain as _compiled
+from . import switches as _switches
 from ..layers.activation import GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
 from ..layers.linear import Identity, Linear, linear_backward_into
 
-__all__ = ["chain_forward", "chain_vjp", "thin_path"]
+__all__ = ["DIRECT", "FUSED", "GUARDED", "UNGUARDED", "blocker", "chain_forward", "chain_vjp",
+           "child_routes", "thin_path"]
 
 # Layers whose vjp needs no guard inside a guarded chain: their backward returns dx of their
 # input's shape and never calls back into user code.
 _TRUSTED = frozenset({Linear, Identity, ReLU, LeakyReLU, GELU, Tanh, Sigmoid, SiLU})
 
+# How a child runs on the thin path (``child_routes``)
+GUARDED = "guarded"                 # through its own __call__ / guarded vjp
+DIRECT = "direct"                   # forward: its ``forward`` without ``__call__``'s checks
+UNGUARDED = "unguarded"             # vjp: the built-in layer's vjp without its guard
+FUSED = "fused_linear_relu"         # a Linear and the ReLU after it, as one step
+
+
+def blocker() -> str | None:
+    """Why nothing may skip the children's guards now (the first reason), or None: the thin
+    path is switched off, a global call hook is registered, ``detect_anomaly`` is on, or a
+    precision policy sets the compute or activation dtype."""
+    if not _switches.on["thin_path"]:
+        return "switched off (linearkit.runtime.disabled)"
+    if _hooks.active:
+        return "a global call hook is registered"
+    if _anomaly.enabled:
+        return "detect_anomaly() is on"
+    policy = P.current
+    if policy.compute is not None or policy.activations is not None:
+        return "a precision policy sets the compute or activation dtype"
+    return None
+
 
 def thin_path() -> bool:
-    """Whether nothing can observe a chain's children one by one (hooks, anomaly, policy)."""
-    policy = P.current
-    return (not _hooks.active and not _anomaly.enabled and policy.compute is None
-            and policy.activations is None)
+    """Whether nothing can observe a chain's children one by one (``blocker`` is None)."""
+    return blocker() is None
+
+
+def child_routes(modules: list, training: bool) -> list[tuple[str, str | None]]:
+    """``(route, reason)`` per module of a chain on the thin path: the one decision both
+    ``chain_forward`` (``training=False``) and ``chain_vjp`` run by, and ``explain`` shows.
+    ``reason`` says why the next faster route was not taken (None for the fastest). The second
+    module of a fused pair gets ``FUSED`` too."""
+    routes = []
+    fuse = _switches.on["fused_linear_relu"]
+    i, n = 0, len(modules)
+    while i < n:
+        module = modules[i]
+        kind = type(module)
+        if module is None or module.has_hooks():
+            routes.append((GUARDED, "a call hook is registered on it"))
+        elif training and kind not in _TRUSTED:
+            routes.append((GUARDED, "its vjp is not one the thin path may call unguarded (a "
+                                    "container or a layer outside the built-in Linear and "
+                                    "activations)"))
+        elif kind is Linear and i + 1 < n and _fusable(modules[i + 1]) and fuse:
+            routes += [(FUSED, None), (FUSED, None)]
+            i += 2
+            continue
+        else:
+            if kind is not Linear:
+                why = None if kind is not ReLU else "no Linear right before it"
+            elif not fuse:
+                why = "fusing is switched off (linearkit.runtime.disabled)"
+            else:
+                why = "no plain ReLU right after it"
+            routes.append((UNGUARDED if training else DIRECT, why))
+        i += 1
+    return routes
+
+
+def _steps(modules: list, training: bool, owner) -> list:
+    """``child_routes`` as ``(route, module)`` steps, one per fused pair (its Linear); kept on
+    ``owner`` while no module anywhere changed (``core.structure.token``)."""
+    key = "_thin_vjp" if training else "_thin_forward"
+    if owner is not None:
+        kept = owner.__dict__.get(key)
+        if kept is not None and kept[0] is _structure.token and len(kept[2]) == len(modules):
+            return kept[1]
+    steps = []
+    for module, (route, _) in zip(modules, child_routes(modules, training)):
+        if route is FUSED and steps and steps[-1][0] is FUSED and steps[-1][2] is None:
+            steps[-1] = (FUSED, steps[-1][1], module)      # the pair's ReLU
+        else:
+            steps.append((route, module, None))
+    if owner is not None:
+        object.__setattr__(owner, key, (_structure.token, steps, tuple(modules)))
+    return steps
 
 
 def _fusable(following) -> bool:
     """Whether the module after a Linear is a plain ReLU the pair can absorb."""
-    return type(following) is ReLU and not following._hooks
+    return type(following) is ReLU and not following.has_hooks()
 
 
 def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None) -> tuple:
@@ -62,31 +137,30 @@ def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None) -> tuple:
     A chain the compiled kernels take (runtime/compiled_chain.py) runs there instead, same bits;
     ``owner`` (the Sequential) keeps its plan.
     """
-    compiled = _compiled.chain_vjp(modules, x, input_grad, trains, owner)
-    if compiled is not None:
-        return compiled
+    if _switches.on["compiled_chain"]:
+        compiled = _compiled.chain_vjp(modules, x, input_grad, trains, owner)
+        if compiled is not None:
+            return compiled
     steps = []     # (backward, output shape, output dtype, module, its Linear); shape None: guarded
     need = input_grad
-    i, n = 0, len(modules)
-    while i < n:
-        module = modules[i]
-        kind = type(module)
-        if kind not in _TRUSTED or module._hooks:
+    for route, module, relu in _steps(modules, True, owner):
+        if route is GUARDED:
             x, backward = module.vjp(x, input_grad=need)     # guarded, as before
             steps.append((backward, None, None, module, None))
             need = need or trains(module)
-            i += 1
             continue
-        if (kind is Linear and i + 1 < n and _fusable(modules[i + 1])
-                and module.weight.data.itemsize != 2):    # 16-bit storage: Linear's own path
+        kind = type(module)
+        if relu is not None and module.weight.data.itemsize != 2:   # 16-bit: Linear's own path
             x, backward = _linear_relu_vjp(module, x, need)
-            steps.append((backward, x.shape, x.dtype, modules[i + 1], module))
-            i += 2
-        else:
-            x, backward = kind.vjp.__wrapped_vjp__(module, x, need)
-            steps.append((backward, x.shape, x.dtype, module, module))
-            i += 1
+            steps.append((backward, x.shape, x.dtype, relu, module))
+            need = need or trains(module)
+            continue
+        x, backward = kind.vjp.__wrapped_vjp__(module, x, need)
+        steps.append((backward, x.shape, x.dtype, module, module))
         need = need or (kind is Linear and trains(module))
+        if relu is not None:
+            x, backward = ReLU.vjp.__wrapped_vjp__(relu, x, need)
+            steps.append((backward, x.shape, x.dtype, relu, relu))
 
     def backward(dy):
         for step, shape, dtype, module, checked in reversed(steps):
@@ -111,10 +185,8 @@ def _linear_relu_vjp(linear: Linear, x, input_grad: bool):
     Keeps what the two layers would: the input (for dW) and the ReLU's output (its mask).
     Returns None from backward when neither a gradient nor dx is needed (a frozen prefix).
     """
+    x = linear.checked_input(x)
     w, b = linear.weight, linear.bias
-    if not (type(x) is np.ndarray and x.dtype is w.data.dtype and x.ndim
-            and x.shape[-1] == linear.in_features):     # Linear.forward's inline check
-        x = linear._input(x)
     kernels = fast.kernels() if fast.supports(w.data.dtype) else None
     y = _linear_relu(x, w, b, kernels)
     need_dw = w.requires_grad
@@ -162,27 +234,22 @@ def chain_forward(modules: list, x, owner=None):
     never imports numba). An error names the child (located by the Sequential's own call).
     Once the kernels are loaded, a chain the compiled path takes runs as one call there
     (runtime/compiled_chain.py, the same bits); ``owner`` (the Sequential) keeps its plan."""
-    if owner is not None:
+    if owner is not None and _switches.on["compiled_chain"]:
         y = _compiled.chain_forward(modules, x, owner)
         if y is not None:
             return y
-    i, n = 0, len(modules)
-    while i < n:
-        module = modules[i]
-        if module._hooks:
+    for route, module, relu in _steps(modules, False, owner):
+        if route is GUARDED:
             x = module(x)
-        elif (type(module) is Linear and i + 1 < n and _fusable(modules[i + 1])
-              and module.weight.data.itemsize != 2):    # 16-bit storage: Linear's own path
+        elif relu is not None and module.weight.data.itemsize != 2:   # 16-bit: Linear's own
+            x = module.checked_input(x)
             w = module.weight
-            if not (type(x) is np.ndarray and x.dtype is w.data.dtype and x.ndim
-                    and x.shape[-1] == module.in_features):     # Linear.forward's check
-                x = module._input(x)
             x = _linear_relu(x, w, module.bias,   # kernels only if training loaded them
                              fast.loaded() if fast.supports(w.data.dtype) else None)
-            i += 1
         else:
             x = module.forward(x)
-        i += 1
+            if relu is not None:
+                x = relu.forward(x)
     return x
 
 
