@@ -184,10 +184,23 @@ def _decide(seq: Sequential, name: str, x, rows: dict, paths: dict, claimed: dic
             if route == _thin.UNGUARDED or route == _thin.DIRECT:
                 why = chain_no if why is None else f"{chain_no}; fused: no — {why}"
             elif route == _thin.FUSED:
-                why = chain_no
+                linear = seq_linear(steps, children.index(child))
+                if linear is not None and not _thin.fuses_now(linear):
+                    route = _thin.UNGUARDED if kind == "vjp" else _thin.DIRECT
+                    why = f"{chain_no}; fused: no — 16-bit storage runs Linear's own path"
+                else:
+                    why = chain_no
             else:
                 why = f"thin path: no — {why}"
             _set(row, kind, route, why)
+
+
+def seq_linear(steps: list, index: int):
+    """The Linear of the fused pair the module at ``index`` of ``steps`` belongs to."""
+    for i in (index, index - 1):
+        if 0 <= i < len(steps) and isinstance(steps[i], Linear) and steps[i].weight is not None:
+            return steps[i]
+    return None
 
 
 def _chain_reason(steps: list, x, training: bool, paths: dict) -> str | None:

@@ -38,7 +38,7 @@ from ..layers.activation import GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
 from ..layers.linear import Identity, Linear, linear_backward_into
 
 __all__ = ["DIRECT", "FUSED", "GUARDED", "UNGUARDED", "blocker", "chain_forward", "chain_vjp",
-           "child_routes", "thin_path"]
+           "child_routes", "fuses_now", "thin_path"]
 
 # Layers whose vjp needs no guard inside a guarded chain: their backward returns dx of their
 # input's shape and never calls back into user code.
@@ -124,6 +124,13 @@ def _steps(modules: list, training: bool, owner) -> list:
     return steps
 
 
+def fuses_now(linear) -> bool:
+    """Whether a fused step's Linear runs fused with its ReLU on this call: not with 16-bit
+    storage (its weight's dtype can change without the structure changing), where the pair
+    runs as Linear's own path, then the ReLU's."""
+    return linear.weight.data.itemsize != 2
+
+
 def _fusable(following) -> bool:
     """Whether the module after a Linear is a plain ReLU the pair can absorb."""
     return type(following) is ReLU and not following.has_hooks()
@@ -150,7 +157,7 @@ def chain_vjp(modules: list, x, input_grad: bool, trains, owner=None) -> tuple:
             need = need or trains(module)
             continue
         kind = type(module)
-        if relu is not None and module.weight.data.itemsize != 2:   # 16-bit: Linear's own path
+        if relu is not None and fuses_now(module):
             x, backward = _linear_relu_vjp(module, x, need)
             steps.append((backward, x.shape, x.dtype, relu, module))
             need = need or trains(module)
@@ -241,7 +248,7 @@ def chain_forward(modules: list, x, owner=None):
     for route, module, relu in _steps(modules, False, owner):
         if route is GUARDED:
             x = module(x)
-        elif relu is not None and module.weight.data.itemsize != 2:   # 16-bit: Linear's own
+        elif relu is not None and fuses_now(module):
             x = module.checked_input(x)
             w = module.weight
             x = _linear_relu(x, w, module.bias,   # kernels only if training loaded them
