@@ -7,7 +7,20 @@ from collections.abc import Iterator
 
 import numpy as np
 
-__all__ = ["kept_arrays"]
+from .parameter import Parameter
+
+__all__ = ["kept_arrays", "opaque"]
+
+# Types a walk never enters: their arrays are weights, not what a closure keeps. Module adds
+# itself when it is defined (``opaque``): this file sits below module.py and never imports it.
+_OPAQUE: tuple[type, ...] = (Parameter,)
+
+
+def opaque(cls: type) -> type:
+    """Make ``kept_arrays`` stop at instances of ``cls`` (returns ``cls``)."""
+    global _OPAQUE
+    _OPAQUE = (*_OPAQUE, cls)
+    return cls
 
 
 def kept_arrays(fn, stop=None) -> Iterator[np.ndarray]:
@@ -16,13 +29,11 @@ def kept_arrays(fn, stop=None) -> Iterator[np.ndarray]:
     Parameter (their arrays are weights), nor into a function whose code is ``stop``. Each
     object is visited once; views are yielded as they are (their base is the caller's to
     follow)."""
-    from .module import Module, Parameter
-
     seen: set[int] = set()
     stack = [fn]
     while stack:
         obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, Module | Parameter):
+        if id(obj) in seen or isinstance(obj, _OPAQUE):
             continue
         seen.add(id(obj))
         if isinstance(obj, np.ndarray):

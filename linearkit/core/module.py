@@ -18,6 +18,7 @@ import numpy as np
 
 from . import structure as _structure
 from . import anomaly as _anomaly
+from . import closures as _closures
 from . import hooks as _hooks
 from .. import precision as _precision
 from ..errors import _Located
@@ -89,6 +90,7 @@ def _assign(array: np.ndarray, value: np.ndarray) -> None:
     array[...] = value
 
 
+@_closures.opaque     # a closure walk (the ledger, detect_anomaly) stops at a module
 class Module:
     """Base class of every layer, container and loss.
 
@@ -218,6 +220,24 @@ class Module:
     def children(self) -> Iterator[Module]:
         for _, child in self.named_children():
             yield child
+
+    def get_submodule(self, target: str) -> Module:
+        """The descendant at the dotted path ``target`` (``'encoder.0'``; ``''`` is this module),
+        as PyTorch's ``get_submodule``; an AttributeError names the first missing step."""
+        if target == "":
+            return self
+        module = self
+        steps = target.split(".")
+        for depth, name in enumerate(steps):
+            child = module._modules.get(name)
+            if child is None:
+                where = f"'{'.'.join(steps[:depth])}'" if depth else "the root"
+                there = ", ".join(n for n, _ in module.named_children()) or "none"
+                raise AttributeError(f"{type(self).__name__}.get_submodule({target!r}): {where} "
+                                     f"({type(module).__name__}) has no child module {name!r}; "
+                                     f"its children are: {there}")
+            module = child
+        return module
 
     def _named_members(self, registry: str, prefix: str, recurse: bool, remove_duplicate: bool):
         seen = set()
@@ -355,9 +375,10 @@ class Module:
         ``layout`` states how the checkpoint stores Linear weights: ``"out_in"`` (PyTorch's
         ``(out_features, in_features)``, the default) or ``"in_out"`` (Keras, Flax,
         scikit-learn, hand-written NumPy kernels ``(in_features, out_features)``). With
-        ``"in_out"`` exactly the ``weight`` keys of this model's ``Linear`` (and LazyLinear)
-        modules are transposed before any check — never a guess from shapes, so a 2-D
-        LayerNorm weight is left alone — and shape errors still name the key.
+        ``"in_out"`` exactly the keys the layer rules name transposable are transposed before
+        any check (``LayerRule.transposable_keys``: the ``weight`` of every ``Linear`` and
+        LazyLinear) — never a guess from shapes, so a 2-D LayerNorm weight is left alone — and
+        shape errors still name the key.
         """
         if not hasattr(state_dict, "keys") or not hasattr(state_dict, "__getitem__"):
             raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
@@ -398,15 +419,17 @@ class Module:
     def _linear_weights_transposed(self, state_dict) -> dict:
         """A shallow copy of ``state_dict`` whose Linear weight keys hold their transposes.
 
-        The keys come from the model (every name of every Linear, shared ones included), never
-        from the values' shapes; a value that is not 2-D is left as it is for the checks to
-        report under its key.
+        The keys come from the model (every name of every module whose rule lists
+        ``transposable_keys``, shared ones included), never from the values' shapes; a value
+        that is not 2-D is left as it is for the checks to report under its key.
         """
-        from ..layers.linear import Linear
+        # The registry, not linearkit.layers: the base class imports no layer (the registry
+        # imports nothing from layers or core; loading it registers the shipped rules).
+        from ..rules.registry import transposable_keys
 
-        kernels = {prefix + ("." if prefix else "") + "weight"
+        kernels = {prefix + ("." if prefix else "") + key
                    for prefix, m in self.named_modules(remove_duplicate=False)
-                   if isinstance(m, Linear)}
+                   for key in transposable_keys(m)}
         copied = {}
         for key in state_dict.keys():
             value = state_dict[key]

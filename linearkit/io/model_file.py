@@ -7,32 +7,13 @@ loads the weights. Any safetensors reader still reads the tensors (the metadata 
 
 from __future__ import annotations
 
-import json
 import os
-import warnings
 
-from ..errors import FormatError
 from ..core.module import Module
+from ..errors import FormatError
+from .architecture import SPEC_KEY, architecture_metadata
 
 __all__ = ["SPEC_KEY", "architecture_metadata", "load_model", "model_from_metadata", "read_spec"]
-
-#: The metadata key that holds the architecture.
-SPEC_KEY = "linearkit.spec"
-
-
-def architecture_metadata(model) -> dict[str, str]:
-    """``{SPEC_KEY: json}`` for a model whose every type can be rebuilt; ``{}`` (and a warning
-    that says why) for one that cannot, whose weights are still saved."""
-    from .spec import model_spec
-
-    if not isinstance(model, Module):
-        return {}
-    try:
-        return {SPEC_KEY: json.dumps(model_spec(model), separators=(",", ":"))}
-    except TypeError as err:
-        warnings.warn(f"saving the weights without the architecture: {err}", stacklevel=3)
-        return {}
-
 
 def read_spec(path) -> dict | None:
     """The architecture stored in ``path`` (a parsed spec), or None when the file has none."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import FormatError
 from .atomic import write_atomically
-from .model_file import architecture_metadata
+from .architecture import architecture_metadata
 from .safetensors_header import read_tensors
 
 __all__ = ["load", "save"]

@@ -13,11 +13,12 @@ import numpy as np
 from .. import precision
 from .flat import FlatState, flat_state, fused_adam
 from .optimizer import Optimizer, StateKeys
+from .state_names import ADAM_KEYS, ADAM_KEYS_AMSGRAD, BUILTIN
 
 __all__ = ["Adam", "AdamW", "adam_direction", "adam_step"]
 
-STATE_KEYS = ("exp_avg", "exp_avg_sq")
-STATE_KEYS_AMSGRAD = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+STATE_KEYS = ADAM_KEYS
+STATE_KEYS_AMSGRAD = ADAM_KEYS_AMSGRAD
 _NEEDS = {keys: frozenset({"step", *keys}) for keys in (STATE_KEYS, STATE_KEYS_AMSGRAD)}
 
 
@@ -132,7 +133,7 @@ class Adam(Optimizer):
 
     _decoupled = False
     _zeroes_while_stepping = True
-    _state_names = frozenset({"step", *STATE_KEYS_AMSGRAD})
+    _state_names = BUILTIN["Adam"]
 
     @property
     def decoupled_weight_decay(self) -> bool:

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from .. import precision
+from .state_names import BUILTIN
 
 _SHOWN = 10  # problems listed in one message; the rest are counted
 
@@ -175,13 +176,12 @@ def _entry(opt, index: int, g: int, p, entry: Mapping, group: dict, problems: li
 
 def _foreign(opt, keys: list) -> str:
     """`` (SGD's state: ...)`` when ``keys`` are what another optimizer keeps."""
-    from . import adam, sgd  # noqa: F401  (the package loads lazily: make its optimizers known)
-
+    states = dict(BUILTIN)      # the built-in ones, imported or not, then any other subclass
+    states.update({cls.__name__: cls._state_names for cls in opt._known() if cls._state_names})
     owners: dict[frozenset, list[str]] = {}
-    for cls in opt._known():
-        if cls._state_names and cls._state_names != type(opt)._state_names \
-                and set(keys) <= cls._state_names:
-            owners.setdefault(cls._state_names, []).append(cls.__name__)
+    for name, names in states.items():
+        if names != type(opt)._state_names and set(keys) <= names:
+            owners.setdefault(names, []).append(name)
     if not owners:
         return ""
     who = " or ".join("/".join(n) for n in owners.values())

@@ -6,6 +6,7 @@ import numpy as np
 
 from .flat import fused_sgd
 from .optimizer import Optimizer, StateKeys
+from .state_names import BUILTIN
 
 __all__ = ["SGD"]
 
@@ -29,7 +30,7 @@ class SGD(Optimizer):
     and a 16-bit parameter its float32 ``'master_param'`` (the buffer is float32 too).
     """
 
-    _state_names = frozenset({"momentum_buffer"})
+    _state_names = BUILTIN["SGD"]
 
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0, dampening: float = 0,
                  weight_decay: float = 0, nesterov: bool = False, *, maximize: bool = False):
