@@ -104,19 +104,20 @@ __all__ = [
 ]
 
 
-_TRAINING = {"accumulation": "accumulation", "amp": "amp", "checkpointing": "checkpointing",
-             "train": "recipe"}
+# Modules that lived at the top level before the rooms, by the names the docs use
+_MOVED = {"accumulation": "training.accumulation", "amp": "training.amp",
+          "checkpointing": "training.checkpointing", "train": "recipes.mnist1d"}
 
 
 def __getattr__(name):
     # Heavier namespaces load on first use, so `import linearkit` stays fast and light.
     import importlib
 
-    if name in ("analysis", "cli", "data", "distributed", "io", "rules", "runtime", "training",
-                "transforms"):
+    if name in ("analysis", "cli", "data", "distributed", "io", "recipes", "rules", "runtime",
+                "training", "transforms"):
         return importlib.import_module(f".{name}", __name__)
-    if name in _TRAINING:      # the training room's modules, by the names they always had here
-        return importlib.import_module(f".training.{_TRAINING[name]}", __name__)
+    if name in _MOVED:
+        return importlib.import_module(f".{_MOVED[name]}", __name__)
     if name == "load_model":
         from .io.model_file import load_model
 

@@ -6,7 +6,7 @@ import torch
 
 import linearkit as lk
 from linearkit.training.loop import step
-from linearkit.transforms.factorization import factorize, factorize_weight, rank_sweep
+from linearkit.transforms import factorize, factorize_weight, rank_sweep
 from linearkit.transforms.factorize_sweep import RankSweep, default_ranks
 
 
@@ -326,16 +326,3 @@ def test_rank_sweep_refusals():
     with pytest.raises(TypeError, match=r"pair \(x, y\)"):
         rank_sweep(_mlp(), x)
     assert isinstance(rank_sweep(_mlp(), (x, y), ranks=2, repeats=1), RankSweep)
-
-
-def test_the_article_claim_measurement_runs_on_a_small_layer():
-    from linearkit.transforms.factorize_claims import measure_factorization_claim
-
-    result = measure_factorization_claim(n=128, rank=8, batch=(4, 16), repeats=1)
-    assert result["bytes_before"] == 4 * (128 * 128 + 128)
-    assert result["bytes_after"] == 4 * (8 * 256 + 128)
-    assert set(result["batches"]) == {4, 16}
-    assert all(t["speedup"] == pytest.approx(t["ms_before"] / t["ms_after"])
-               for t in result["batches"].values())
-    with pytest.raises(ValueError, match="does not save"):
-        measure_factorization_claim(n=8, rank=4, batch=4, repeats=1)

@@ -17,10 +17,9 @@ from linearkit.analysis import gradcheck
 from linearkit.layers.sparse import SparseLinear, csr_problem
 from linearkit.training.loop import step
 from linearkit.rules import rule_for
-from linearkit.training.recipe import build_model
+from linearkit.recipes.mnist1d import build_model
 from linearkit.transforms import prune, prune_weight, to_sparse
 from linearkit.transforms.pruning import csr_bytes
-from linearkit.transforms.sparse_timing import sparse_vs_dense
 
 
 def _weights(shape, seed=0, dtype=np.float32):
@@ -409,16 +408,7 @@ def test_init_sparse_makes_zeros_and_saves_nothing():
     assert report.bytes_after == csr_bytes(800, 100, 4) + 400 < report.bytes_before / 4
 
 
-# ---------------------------------------------------------------- timing helper, imports
-def test_sparse_vs_dense_rows():
-    rows = sparse_vs_dense(64, 32, 4, [0.5, 0.95], repeats=1)
-    assert [r["sparsity"] for r in rows] == [0.5, 0.95]
-    assert [r["nnz"] for r in rows] == [1024, 102]
-    assert rows[1]["file_ratio"] < rows[0]["file_ratio"] < 1.2
-    assert all(r["dense_ms"] > 0 and r["sparse_ms"] > 0 and r["max_abs_diff"] < 1e-5
-               for r in rows)
-
-
+# ---------------------------------------------------------------- imports
 def test_missing_scipy_names_the_extra(monkeypatch):
     layer = SparseLinear.from_linear(_masked_linear(4, 3, 0.5))
     monkeypatch.setitem(sys.modules, "scipy.sparse", None)

@@ -1,11 +1,10 @@
-"""Fused QKV: fuse_qkv_weights, fuse_qkv, split_qkv, time_qkv (issue 9 item 6)."""
+"""Fused QKV: fuse_qkv_weights, fuse_qkv, split_qkv."""
 
 import numpy as np
 import pytest
 
 import linearkit as lk
 from linearkit.transforms import fuse_qkv, fuse_qkv_weights, split_qkv
-from linearkit.transforms.qkv import time_qkv
 
 torch = pytest.importorskip("torch")
 
@@ -143,10 +142,3 @@ def test_fuse_leaves_the_three_layers_untouched():
     fused.weight.data[...] = 0
     for m, saved in zip(layers, before):
         assert all(np.array_equal(saved[n], a) for n, a in m.state_dict().items())
-
-
-def test_time_qkv_measures_both_in_one_run():
-    t = time_qkv(32, 4, repeats=3, threads=1)
-    assert set(t) == {"d", "batch", "threads", "three_gemms_s", "fused_s", "ratio"}
-    assert t["three_gemms_s"] > 0 and t["fused_s"] > 0
-    assert t["ratio"] == pytest.approx(t["three_gemms_s"] / t["fused_s"])

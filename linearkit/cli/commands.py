@@ -1,5 +1,6 @@
 """The ``linearkit`` command: ``train`` (the main job), ``ledger``, ``inspect``, ``convert``,
-``compress``, ``gradcheck``, ``sweep``, ``experiment``.
+``compress``, ``gradcheck``, ``sweep``. (The experiments that write docs pages are repository
+tooling, not commands: ``python -m experiments`` from a checkout.)
 
 Every argument is checked before any work starts. Exit status: 0 success; 1 a failed check
 (``gradcheck``) or an internal error; 2 a user error, always ONE line on stderr, never a
@@ -161,7 +162,7 @@ def _abort_job_on_error(inside: bool):
 def _train(args: argparse.Namespace) -> int:
     from ..data import mnist1d
     from ..io import save
-    from ..training.recipe import PAPER_ACCURACY, train
+    from ..recipes.mnist1d import PAPER_ACCURACY, train
 
     _need_cli_extra("train")
     out = args.out or f"runs/mnist1d-{args.model}.safetensors"
@@ -237,7 +238,7 @@ def _train(args: argparse.Namespace) -> int:
     print(f"trained {result.steps:,} steps in {result.seconds:.2f} s "
           f"({result.steps / max(result.seconds, 1e-9):,.0f} steps/s); final loss {result.final_loss:.4f}")
     if result.precision != "fp32":
-        from ..training.recipe import PRECISIONS
+        from ..recipes.mnist1d import PRECISIONS
 
         scaler = (f"; the loss scaler skipped {result.skipped_steps} step(s)"
                   if result.precision == "fp16" else "")
@@ -303,7 +304,7 @@ def _ledger(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from ..io.inspect_file import describe_file, render
+    from ..analysis.inspect_file import describe_file, render
 
     if not os.path.isfile(args.file):  # linearkit's own reader: no extra needed to inspect
         raise UsageError(f"{args.file}: no such file")
@@ -442,19 +443,12 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _experiment(args: argparse.Namespace) -> int:
-    from .. import experiments
-
-    return experiments.get(args.name).main(args.rest) or 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
-    from ..experiments import EXPERIMENTS
 
     parser = Parser(prog="linearkit",
                     description="linearkit's command line: train the MNIST-1D baselines, the "
-                                "ledger of a model, a self-check, the experiments.",
+                                "ledger of a model, a self-check.",
                     epilog="exit status: 0 ok, 1 failed check or internal error, 2 usage error, "
                            "130 interrupted")
     parser.add_argument("--version", action="version", version=f"linearkit {__version__}")
@@ -601,15 +595,6 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also draw the sweep into this PNG (needs matplotlib)")
     sweep.add_argument("--json", action="store_true", help="print one JSON object")
     sweep.set_defaults(run=_sweep)
-
-    experiment = commands.add_parser(
-        "experiment", help="reproduce an experiment (init-depth)",
-        description="Reproduce an experiment; `linearkit experiment NAME --help` for its "
-                    "options.")
-    experiment.add_argument("name", choices=sorted(EXPERIMENTS), help="which experiment")
-    experiment.add_argument("rest", nargs=argparse.REMAINDER,
-                            help="the experiment's options, e.g. --quick --out-dir DIR")
-    experiment.set_defaults(run=_experiment)
     return parser
 
 

@@ -1,2 +1,2 @@
-"""Training: the step (``loop``), the MNIST-1D recipe behind ``linearkit train`` (``recipe``),
-gradient accumulation, automatic mixed precision (``amp``) and activation checkpointing."""
+"""Training: the step (``loop``), gradient accumulation, automatic mixed precision (``amp``) and
+activation checkpointing. The MNIST-1D recipe that composes them is ``linearkit.recipes``."""

@@ -3,8 +3,7 @@
 ``fuse_qkv_weights`` concatenates along the output axis; ``fuse_qkv(q, k, v)`` builds the fused
 layer and proves on probes that its output equals the three outputs concatenated;
 ``split_qkv(fused)`` copies the rows back out (exact: nothing is recomputed). The sizes may
-differ (grouped-query attention: ``dk = dv < dq``). ``time_qkv`` measures one fused GEMM
-against three (the docs page's numbers).
+differ (grouped-query attention: ``dk = dv < dq``).
 """
 
 from __future__ import annotations
@@ -15,9 +14,9 @@ import numpy as np
 
 from ..layers import Linear
 from ..core.module import Module
-from .walk import finish, linear_from, named
+from .walk import finish, linear_from, lists, named
 
-__all__ = ["fuse_qkv", "fuse_qkv_weights", "split_qkv", "time_qkv"]
+__all__ = ["fuse_qkv", "fuse_qkv_weights", "split_qkv"]
 
 _NAMES = ("q", "k", "v")
 
@@ -77,9 +76,11 @@ class _Concat(Module):
         return np.concatenate([self.q(x), self.k(x), self.v(x)], axis=-1)
 
 
-def _check_linear(name: str, layer, where: str) -> None:
-    if type(layer) is not Linear:
-        raise TypeError(f"{where}: {name} must be a materialized linearkit Linear, got "
+def _check_linear(name: str, layer, transform: str) -> None:
+    """A TypeError unless ``layer``'s own rule lists ``transform`` (a plain, materialized
+    Linear: a subclass may compute something else)."""
+    if not lists(layer, transform):
+        raise TypeError(f"{transform}(): {name} must be a materialized linearkit Linear, got "
                         f"{type(layer).__name__}")
 
 
@@ -106,7 +107,7 @@ def fuse_qkv(q: Linear, k: Linear, v: Linear, *, probe=None):
     (Linear(in_features=8, out_features=12, bias=True), 0.0)
     """
     for name, layer in zip(_NAMES, (q, k, v)):
-        _check_linear(name, layer, "fuse_qkv()")
+        _check_linear(name, layer, "fuse_qkv")
     _same("in_features", [m.in_features for m in (q, k, v)], "fuse_qkv()")
     _same("dtype", [m.weight.dtype for m in (q, k, v)], "fuse_qkv()")
     w, b = fuse_qkv_weights(*(a for m in (q, k, v)
@@ -137,7 +138,7 @@ def split_qkv(fused: Linear, sizes=None, *, probe=None):
     three outputs concatenated against ``fused`` on probes (the weights are copied bitwise; the
     outputs agree exactly or to float32 rounding, as ``fuse_qkv``'s report says).
     """
-    _check_linear("fused", fused, "split_qkv()")
+    _check_linear("fused", fused, "split_qkv")
     n_out = fused.out_features
     if sizes is None:
         if n_out % 3:
@@ -161,27 +162,3 @@ def split_qkv(fused: Linear, sizes=None, *, probe=None):
                     [{"sizes": sizes, "bias": b is not None}])
     return parts, report
 
-
-def time_qkv(d: int, batch: int, repeats: int = 7, *, threads: int | None = None,
-             seed: int = 0) -> dict:
-    """Seconds per forward of three ``Linear(d, d)`` against one fused ``Linear(d, 3d)`` on a
-    float32 batch ``(batch, d)``: ``{'d', 'batch', 'threads', 'three_gemms_s', 'fused_s',
-    'ratio'}`` (``ratio`` = three / fused; > 1 means fusing wins). Medians of ``repeats``, the
-    two timed round-robin in the same run (``timing.same_run_seconds``). ``threads``: a fixed
-    BLAS thread count for the run, or None for linearkit's adaptive policy (which may give the
-    fused GEMM more threads than three smaller ones; see ``linearkit.backend.threads``)."""
-    from ..backend.threads import num_threads
-    from ..analysis.timing import same_run_seconds
-
-    rng = np.random.default_rng(seed)
-    q, k, v = (Linear(d, d, rng=rng) for _ in range(3))
-    fused, _ = fuse_qkv(q, k, v)
-    x = rng.standard_normal((batch, d)).astype(np.float32)
-
-    def three():
-        return q(x), k(x), v(x)
-
-    with num_threads(threads):
-        three_s, fused_s = same_run_seconds([three, lambda: fused(x)], repeats=repeats)
-    return {"d": d, "batch": batch, "threads": threads, "three_gemms_s": three_s,
-            "fused_s": fused_s, "ratio": three_s / fused_s}

@@ -15,8 +15,8 @@ __all__ = ["describe_file", "render"]
 
 def describe_file(path) -> dict:
     """A JSON-able description of a .safetensors file (raises FormatError when malformed)."""
-    from .model_file import SPEC_KEY, model_from_metadata
-    from .safetensors_header import ITEMSIZE, read_header
+    from ..io.model_file import SPEC_KEY, model_from_metadata
+    from ..io.safetensors_header import ITEMSIZE, read_header
 
     path = os.fspath(path)
     entries, metadata, _, data_size = read_header(path)
@@ -31,7 +31,7 @@ def describe_file(path) -> dict:
             "architecture": None, "ledger": None}
     model = model_from_metadata(path, metadata)
     if model is not None:
-        from ..analysis import ledger
+        from . import ledger
 
         info["architecture"] = repr(model)
         report = ledger(model, None)

@@ -13,15 +13,14 @@ from functools import partial
 
 import numpy as np
 
-from ..layers import Linear
-from ..layers.sparse import SparseLinear
-from ..analysis.timing import same_run_seconds
-from .pruning import prune_weight
+from linearkit import Linear, SparseLinear
+from linearkit.analysis.timing import same_run_seconds
+from linearkit.transforms import prune_weight
 
 __all__ = ["sparse_vs_dense"]
 
 def _file_bytes(module, folder: str, name: str) -> int:
-    from ..io.safetensors import save
+    from linearkit import save
 
     path = os.path.join(folder, name)
     save(module, path)

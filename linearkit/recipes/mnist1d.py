@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..layers import Linear, ReLU, Residual, Sequential
-from .loop import evaluate
-from .loop import step as loop_step
+from ..training.loop import evaluate
+from ..training.loop import step as loop_step
 from ..losses import CrossEntropyLoss
 from ..core.module import Module
 
@@ -204,8 +204,8 @@ def train(model_kind: str | None = None, *, hidden: int | None = None, steps: in
         Train with subnormal floats flushed to zero (:func:`linearkit.set_flush_denormal`,
         restored afterwards): as JAX computes by default, not PyTorch. The recipe's dead ReLU
         units leave Adam's first moments subnormal, where every operation on them takes a
-        microcode assist; flushing made the recipe's training loop 15% faster here with the
-        same test accuracy and final loss. ``linearkit train`` turns it on
+        microcode assist; flushing makes the recipe's training loop faster with the same test
+        accuracy and final loss (docs/fast.md, "Subnormal floats"). ``linearkit train`` turns it on
         (``--no-flush-denormal`` to keep them).
 
     Every argument is checked before the first step (ValueError/TypeError naming the fix).
@@ -337,8 +337,8 @@ def _loop(model, data, loss_fn, optimizer, loader, model_kind, steps, eval_every
     step = skipped = 0
     scaler = None
     if scale_loss:
-        from .accumulation import accumulated_step
-        from .amp import GradScaler
+        from ..training.accumulation import accumulated_step
+        from ..training.amp import GradScaler
 
         scaler = GradScaler()
     started = time.perf_counter()

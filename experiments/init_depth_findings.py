@@ -1,4 +1,4 @@
-"""The init-depth experiment's verdicts: each claim of article 004 §4.3, checked against the runs.
+"""The init-depth experiment's verdicts: each of the init claims, checked against the runs.
 
 The words are chosen from the numbers: "barely moves" = less than 5% below the initial loss
 (:func:`loss_drop`), "drops fast" = more than 30% below it, "at chance" / "does not converge" =

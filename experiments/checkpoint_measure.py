@@ -14,9 +14,7 @@ import tracemalloc
 
 import numpy as np
 
-from ..training.checkpointing import checkpoint_sequential
-from ..layers import Linear, ReLU, Sequential
-from ..core.module import Module
+from linearkit import Linear, Module, ReLU, Sequential, checkpoint_sequential
 
 __all__ = ["deep_mlp", "measure_checkpointing", "step_peak_bytes"]
 
@@ -94,8 +92,8 @@ def measure_checkpointing(depth: int = 8, width: int = 1024, batch: int = 256,
         step; None without repeats), and ``saved_measured`` = peak_plain - peak_ckpt,
         ``saved_ledger`` = ledger_plain - ledger_ckpt, ``time_ratio`` = time_ckpt / time_plain.
     """
-    from . import ledger
-    from .timing import same_run_seconds
+    from linearkit.analysis import ledger
+    from linearkit.analysis.timing import same_run_seconds
 
     plain = deep_mlp(depth, width, block)
     ckpt = checkpoint_sequential(plain, depth if segments is None else segments)

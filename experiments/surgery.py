@@ -1,7 +1,7 @@
 """The surgery experiment: every transform of ``linearkit.transforms`` on models trained here,
-beside the articles' claims — the numbers behind docs/surgery.md.
+beside popular claims — the numbers behind docs/surgery.md.
 
-``linearkit experiment surgery [--quick] [--out-dir DIR | --write-docs | --no-write]``. It trains
+``python -m experiments surgery [--quick] [--out-dir DIR | --write-docs | --no-write]``. It trains
 an MLP on MNIST-1D (bundled) and one on scikit-learn's digits, then measures: the factorization
 rank sweep (accuracy, parameters, forward time, with and without a short fine-tune), the
 article's 100 MB rank-64 layer, int8 (accuracy, size on disk), fold + merge (exactness, FLOPs and
@@ -82,7 +82,7 @@ class Result:
 def _datasets(seed: int) -> list[Task]:
     from sklearn.datasets import load_digits
 
-    from ..data import mnist1d
+    from linearkit.data import mnist1d
 
     d = mnist1d()
     tasks = [Task("MNIST-1D", d.x_train, d.y_train, d.x_test, d.y_test)]
@@ -99,7 +99,7 @@ def _mlp(n_in: int, hidden: int, classes: int, rng, norm: bool = False):
     """``n_in -> hidden ReLU -> hidden ReLU -> classes``; with ``norm`` a BatchNorm1d after the
     first Linear and a Linear-Dropout-Linear head with nothing nonlinear between (redundant on
     purpose: what fold and merge remove)."""
-    from .. import layers as L
+    from linearkit import layers as L
 
     if norm:
         return L.Sequential(L.Linear(n_in, hidden, rng=rng), L.BatchNorm1d(hidden), L.ReLU(),
@@ -111,7 +111,7 @@ def _mlp(n_in: int, hidden: int, classes: int, rng, norm: bool = False):
 
 
 def _train(task: Task, model, steps: int, seed: int, lr: float = 1e-2):
-    from ..training.recipe import train
+    from linearkit.recipes.mnist1d import train
 
     start = time.perf_counter()
     model, _ = train(model=model, dataset=(task.x_train, task.y_train, task.x_test, task.y_test),
@@ -120,13 +120,13 @@ def _train(task: Task, model, steps: int, seed: int, lr: float = 1e-2):
 
 
 def _accuracy(model, x, y) -> float:
-    from ..training.recipe import accuracy
+    from linearkit.recipes.mnist1d import accuracy
 
     return accuracy(model, x, y)
 
 
 def _file_bytes(model, folder: str, name: str) -> int:
-    from ..io import save
+    from linearkit.io import save
 
     path = os.path.join(folder, name)
     save(model, path)
@@ -136,7 +136,7 @@ def _file_bytes(model, folder: str, name: str) -> int:
 # ---------------------------------------------------------------- the sections
 def factorization(task: Task, cfg: Config) -> dict:
     """The rank sweep of a trained model, with and without a short fine-tune of the factors."""
-    from ..transforms import rank_sweep
+    from linearkit.transforms import rank_sweep
 
     tune = {"x": task.x_train, "y": task.y_train, "steps": cfg.tune_steps, "lr": 1e-3,
             "batch_size": 100}
@@ -146,7 +146,7 @@ def factorization(task: Task, cfg: Config) -> dict:
 
 
 def quarter_claim(sweeps: list[dict]) -> list[dict]:
-    """004 §5.3: "a quarter of the parameters costs under one point of accuracy". For each
+    """The claim: "a quarter of the parameters costs under one point of accuracy". For each
     sweep, the row whose parameter count is nearest a quarter of the original's."""
     out = []
     for s in sweeps:
@@ -163,8 +163,8 @@ def quarter_claim(sweeps: list[dict]) -> list[dict]:
 
 
 def big_layer(cfg: Config) -> dict:
-    """002 §4.3: "rank 64 takes a 100 MB layer under 10 MB and runs 3x faster"."""
-    from ..transforms.factorize_claims import measure_factorization_claim
+    """The claim: "rank 64 takes a 100 MB layer under 10 MB and runs 3x faster"."""
+    from .factorize_claims import measure_factorization_claim
 
     return measure_factorization_claim(n=cfg.claim_n, rank=cfg.claim_rank, batch=(1, 64, 256),
                                        repeats=cfg.repeats, seed=cfg.seed)
@@ -172,7 +172,7 @@ def big_layer(cfg: Config) -> dict:
 
 def int8(tasks: list[Task], cfg: Config) -> list[dict]:
     """Weight-only int8 (and dynamic activations): accuracy, bytes in memory and on disk."""
-    from ..transforms import quantize
+    from linearkit.transforms import quantize
 
     rows = []
     with tempfile.TemporaryDirectory() as folder:
@@ -198,9 +198,9 @@ def int8(tasks: list[Task], cfg: Config) -> list[dict]:
 def fold_and_merge(task: Task, cfg: Config) -> dict:
     """A model with a BatchNorm1d and a Linear-Dropout-Linear head, trained, then folded and
     merged: exactness, parameters, FLOPs and latency before and after."""
-    from ..analysis import ledger
-    from ..analysis.timing import same_run_seconds
-    from ..transforms import fold_norm, merge_linear
+    from linearkit.analysis import ledger
+    from linearkit.analysis.timing import same_run_seconds
+    from linearkit.transforms import fold_norm, merge_linear
 
     rng = np.random.default_rng(cfg.seed)
     n_in, classes = task.x_train.shape[1], int(task.y_train.max()) + 1
@@ -229,18 +229,17 @@ def fold_and_merge(task: Task, cfg: Config) -> dict:
 
 
 def qkv(cfg: Config) -> list[dict]:
-    """000 §3.3: one fused ``Linear(d, 3d)`` against three ``Linear(d, d)``."""
-    from ..transforms.qkv import time_qkv
+    """The usual layout: one fused ``Linear(d, 3d)`` against three ``Linear(d, d)``."""
+    from .qkv_timing import time_qkv
 
     return [time_qkv(d, b, repeats=cfg.repeats, seed=cfg.seed)
             for d in cfg.qkv_dims for b in cfg.qkv_batches]
 
 
 def sparse_init_saves_nothing(cfg: Config) -> dict:
-    """002 §4.2: ``init.sparse_(w, sparsity=0.99)`` said to cut memory 90%."""
-    from .. import init
-    from ..layers import Linear
-    from ..transforms import to_sparse
+    """The claim: ``init.sparse_(w, sparsity=0.99)`` said to cut memory 90%."""
+    from linearkit import Linear, init
+    from linearkit.transforms import to_sparse
 
     n_in = 20 * cfg.sparse_size
     layer = Linear(n_in, 512, bias=False, rng=np.random.default_rng(cfg.seed))
@@ -253,7 +252,7 @@ def sparse_init_saves_nothing(cfg: Config) -> dict:
 
 
 def sparse_speed(cfg: Config) -> list[dict]:
-    from ..transforms.sparse_timing import sparse_vs_dense
+    from .sparse_timing import sparse_vs_dense
 
     n = cfg.sparse_size
     return [row for b in cfg.sparse_batches
@@ -263,7 +262,7 @@ def sparse_speed(cfg: Config) -> list[dict]:
 
 def pruning(task: Task, cfg: Config) -> list[dict]:
     """Magnitude pruning of a trained model (no fine-tune), stored sparse: accuracy and file."""
-    from ..transforms import prune, to_sparse
+    from linearkit.transforms import prune, to_sparse
 
     rows = []
     with tempfile.TemporaryDirectory() as folder:
@@ -281,11 +280,11 @@ def pruning(task: Task, cfg: Config) -> list[dict]:
 def lora(task: Task, cfg: Config) -> dict:
     """LoRA on a task the base gets wrong (its labels permuted within two pairs of classes):
     accuracy, trainable parameters and training memory against full fine-tuning."""
-    from ..analysis import ledger
-    from ..losses import CrossEntropyLoss
-    from ..optim import Adam
-    from ..training.recipe import train
-    from ..transforms import add_lora, merge_lora
+    from linearkit.analysis import ledger
+    from linearkit import CrossEntropyLoss
+    from linearkit.optim import Adam
+    from linearkit.recipes.mnist1d import train
+    from linearkit.transforms import add_lora, merge_lora
 
     perm = np.arange(int(task.y_train.max()) + 1)
     perm[[0, 1, 2, 3]] = [1, 0, 3, 2]
@@ -336,8 +335,8 @@ def _copy(model):
     return copy.deepcopy(model)
 
 
-def run(out_dir=DEFAULT_OUT_DIR, *, quick: bool = False, seed: int = 0, config: Config | None = None,
-        write: bool = True, log=print) -> Result:
+def run(out_dir=DEFAULT_OUT_DIR, *, quick: bool = False, seed: int = 0,
+        config: Config | None = None, write: bool = True, log=print) -> Result:
     """Train the two base models, measure every section, write the page (unless ``write`` is
     False); returns the :class:`Result`."""
     from .pages import run_page
@@ -379,18 +378,18 @@ def _measure(cfg: Config, log) -> Result:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``linearkit experiment surgery [--quick] [--out-dir DIR | --write-docs | --no-write]
+    """``python -m experiments surgery [--quick] [--out-dir DIR | --write-docs | --no-write]
     [--seed N]``; a mistake is one line on stderr and exit status 2."""
     from .pages import parse_page_args
 
     args, out_dir = parse_page_args(
         "surgery", "Train MLPs on MNIST-1D and digits, apply every transform (factorize, int8, "
-        "fold, merge, QKV, prune/sparse, LoRA), measure them against the articles' claims, "
+        "fold, merge, QKV, prune/sparse, LoRA), measure them against popular claims, "
         "write the page.", "surgery.md", DEFAULT_OUT_DIR, 0, argv,
         needs=[("sklearn", "sklearn"), ("scipy", "sparse"), ("safetensors", "cli")])
     run(out_dir, quick=args.quick, seed=args.seed, write=not args.no_write)
     return 0
 
 
-if __name__ == "__main__":  # python -m linearkit.experiments.surgery
+if __name__ == "__main__":  # python -m experiments.surgery
     raise SystemExit(main())

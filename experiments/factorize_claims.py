@@ -1,5 +1,5 @@
-"""Articles 002 §4.3 claim, measured: "rank-64 factorization takes a 100 MB layer under 10 MB
-and runs 3x faster".
+"""A popular claim, measured: "rank-64 factorization takes a 100 MB layer under 10 MB and
+runs 3x faster".
 
 ``measure_factorization_claim`` builds a float32 ``Linear(n, n)`` (n = 5000: 100 MB of weight),
 factorizes it with ``factorize`` and times both forwards on random batches, the two timed in
@@ -17,15 +17,13 @@ import time
 
 import numpy as np
 
-from ..layers import Linear
-from ..backend.threads import get_num_threads
-from ..analysis.timing import same_run_seconds
-from .factorization import factorize
+from linearkit import Linear, get_num_threads
+from linearkit.analysis.timing import same_run_seconds
+from linearkit.transforms import factorize
 
 __all__ = ["CLAIM", "measure_factorization_claim"]
 
-CLAIM = ("rank-64 factorization takes a 100 MB layer under 10 MB and runs 3x faster "
-         "(articles 002 §4.3)")
+CLAIM = "rank-64 factorization takes a 100 MB layer under 10 MB and runs 3x faster"
 
 
 def measure_factorization_claim(n: int = 5000, rank: int = 64, batch=(64, 256),

@@ -15,8 +15,9 @@ __all__ = ["machine_info", "measure_sections", "parse_page_args", "repo_docs", "
 
 
 def repo_docs() -> Path | None:
-    """The ``docs/`` folder of the source checkout linearkit runs from, or None (installed)."""
-    root = Path(__file__).resolve().parents[2]
+    """The ``docs/`` folder of the checkout this ``experiments/`` folder sits in, or None (no
+    ``pyproject.toml`` and ``docs/`` beside it)."""
+    root = Path(__file__).resolve().parents[1]
     docs = root / "docs"
     return docs if (root / "pyproject.toml").is_file() and docs.is_dir() else None
 
@@ -39,7 +40,7 @@ def machine_info() -> dict:
 
 def parse_page_args(name: str, description: str, page: str, default_out_dir: str,
                     default_seed: int, argv, needs=()) -> tuple:
-    """Parse ``linearkit experiment NAME [--quick] [--out-dir DIR | --write-docs | --no-write]
+    """Parse ``python -m experiments NAME [--quick] [--out-dir DIR | --write-docs | --no-write]
     [--seed N]``: ``(args, out_dir)``, every mistake one line on stderr and exit status 2.
 
     ``page``: the page's file name in docs/ ('surgery.md'); ``needs``: ``(module, extra)``
@@ -48,9 +49,9 @@ def parse_page_args(name: str, description: str, page: str, default_out_dir: str
     """
     import importlib
 
-    from ..cli.args import Parser, UsageError, check_writable_dir, int_at_least
+    from linearkit.cli.args import Parser, UsageError, check_writable_dir, int_at_least
 
-    parser = Parser(prog=f"linearkit experiment {name}", description=description)
+    parser = Parser(prog=f"python -m experiments {name}", description=description)
     stem = page.rsplit(".", 1)[0]
     parser.add_argument("--quick", action="store_true",
                         help=f"tiny smoke version (seconds); writes {stem}_quick.md")
@@ -93,7 +94,7 @@ def run_page(cfg, measure, render, page: str, out_dir, write: bool, log) -> obje
     """``measure(cfg, log)`` on ``cfg.threads`` BLAS threads (fixed, so no ratio depends on the
     adaptive policy's choice of the moment), then, unless ``write`` is False, ``render(result)``
     written to ``out_dir/page`` (``<stem>_quick.md`` for a quick config). Returns the result."""
-    from ..backend.threads import num_threads
+    from linearkit.backend.threads import num_threads
 
     with num_threads(cfg.threads):
         result = measure(cfg, log)

@@ -1,4 +1,4 @@
-"""linearkit.experiments: the init-depth experiment in quick mode, and its building blocks."""
+"""experiments: the init-depth experiment in quick mode, and its building blocks."""
 
 import math
 
@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit import experiments
-from linearkit.experiments import init_depth as E
+
+import experiments
+from experiments import init_depth as E
 
 ROWS = [(t, d, i) for t in ("mnist1d", "gmm128") for d in (8, 16) for i in E.INITS]
 
@@ -125,7 +126,7 @@ def test_main_parses_the_cli_options(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(SystemExit):
         E.main(["--epochs", "0"])
-    # The CLI may pass the experiment's name along: `linearkit experiment init-depth ...`.
+    # A caller may pass the experiment's name along: `init-depth --quick ...`.
     assert E.main(["init-depth", "--quick", "--epochs", "1", "--no-write"]) == 0
 
 
@@ -154,7 +155,7 @@ def test_default_output_is_runs_not_docs(tmp_path, monkeypatch):
 def test_run_defaults_to_runs_folder():
     import inspect
 
-    from linearkit.experiments import init_depth
+    from experiments import init_depth
 
     assert inspect.signature(init_depth.run).parameters["out_dir"].default == E.DEFAULT_OUT_DIR
 
@@ -193,6 +194,6 @@ def test_missing_matplotlib_is_caught_before_training_and_names_the_cli_flag(
     assert 'pip install "linearkit[plot]"' in err and "--no-write" in err
     assert "write=False" not in err  # the Python argument is not the CLI's hint
     with pytest.raises(ImportError, match="--no-write"):  # the plots' own hint names it too
-        from linearkit.experiments.init_depth_plots import _figure
+        from experiments.init_depth_plots import _figure
 
         _figure(1, 1, (2, 2))

@@ -1,6 +1,6 @@
-"""The init experiment of article 004 §4.3, reproduced: does init decide whether a deep MLP trains?
+"""A popular init experiment, reproduced: does init decide whether a deep MLP trains?
 
-The claim (article 004 §4.3): in an 8-layer MLP of width 256 on a simple classification task
+The claim: in an 8-layer MLP of width 256 on a simple classification task
 with input 128, a fixed small-constant init ("0.01 量级") barely moves the loss in epoch 1,
 starts to fall slowly by epoch 3 and converges to a clearly worse point, while Kaiming drops
 fast in epoch 1; at 16 layers the small init does not converge at all (loss stuck high), because
@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..analysis.render import markdown_table, text_table
+from linearkit.analysis.render import markdown_table, text_table
 from .pages import repo_docs
 
 __all__ = ["INITS", "Config", "Result", "Run", "build_mlp", "main", "make_task", "run"]
@@ -107,7 +107,7 @@ class Config:
 def make_task(name: str, config: Config = Config()):
     """``(x_train, y_train, x_test, y_test)`` for ``"mnist1d"`` or ``"gmm128"`` (see module doc)."""
     if name == "mnist1d":
-        from ..data import mnist1d
+        from linearkit.data import mnist1d
 
         data = mnist1d()
         xtr, ytr, xte, yte = data.x_train, data.y_train, data.x_test, data.y_test
@@ -130,9 +130,9 @@ def make_task(name: str, config: Config = Config()):
 def build_mlp(d_in: int, depth: int, init: str, *, width: int = 256, classes: int = 10,
               rng: np.random.Generator | int = 0):
     """``depth`` Linear layers with ReLU between, every Linear initialized by ``init``."""
-    from .. import init as I
-    from ..layers import Linear, ReLU, Sequential
-    from ..core.random import resolve
+    from linearkit import init as I
+    from linearkit import Linear, ReLU, Sequential
+    from linearkit.core.random import resolve
 
     if init not in INITS:
         raise ValueError(f"unknown init {init!r}; expected one of {', '.join(INITS)}")
@@ -187,8 +187,9 @@ class Run:
 
 
 def _evaluate(model, loss_fn, x, y) -> tuple[float, float]:
-    """``(loss, accuracy)`` on ``(x, y)``: :func:`linearkit.training.loop.evaluate`, batches of 1,000."""
-    from ..training.loop import evaluate
+    """``(loss, accuracy)`` on ``(x, y)``: :func:`linearkit.training.loop.evaluate`, batches of
+    1,000."""
+    from linearkit.training.loop import evaluate
 
     got = evaluate(model, x, y, batch_size=1000, loss_fn=loss_fn)
     return got["loss"], got["accuracy"]
@@ -217,11 +218,11 @@ def train_one(task: str, depth: int, init: str, data, config: Config,
     ``optimizer``: ``"sgd"`` (``config.lr``, ``config.momentum``) or ``"adam"``
     (``config.adam_lr``).
     """
-    from ..analysis.stats import record_stats
-    from ..data import DataLoader
-    from ..training.loop import step
-    from ..losses import CrossEntropyLoss
-    from ..optim import SGD, Adam
+    from linearkit.analysis.stats import record_stats
+    from linearkit.data import DataLoader
+    from linearkit.training.loop import step
+    from linearkit import CrossEntropyLoss
+    from linearkit.optim import SGD, Adam
 
     xtr, ytr, xte, yte = data
     model = build_mlp(xtr.shape[1], depth, init, width=config.width, classes=config.classes,
@@ -338,7 +339,7 @@ def run(out_dir=DEFAULT_OUT_DIR, quick: bool = False, seed: int = 0, *,
     Result
         ``result.runs`` (one :class:`Run` each), ``str(result)`` the table, ``result.files``.
     """
-    from ..backend.threads import num_threads
+    from linearkit.backend.threads import num_threads
 
     if config is None:
         config = Config.quick(seed) if quick else Config(seed=seed)
@@ -378,13 +379,13 @@ def run(out_dir=DEFAULT_OUT_DIR, quick: bool = False, seed: int = 0, *,
 
 # ---------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
-    """``linearkit experiment init-depth [--quick] [--out-dir DIR | --write-docs | --no-write]
+    """``python -m experiments init-depth [--quick] [--out-dir DIR | --write-docs | --no-write]
     [--seed N] [--epochs N]``. Every argument is checked before training; a mistake is one line
     on stderr and exit status 2."""
-    from ..cli.args import Parser, UsageError, check_writable_dir, int_at_least
+    from linearkit.cli.args import Parser, UsageError, check_writable_dir, int_at_least
 
     parser = Parser(
-        prog="linearkit experiment init-depth",
+        prog="python -m experiments init-depth",
         description="Train a deep ReLU MLP (width 256, depth 8 and 16) with constant-small, "
                     "Xavier, Kaiming and PyTorch-default init on MNIST-1D and a synthetic "
                     "128-d task; print the table and write the markdown page and plots.")
@@ -435,5 +436,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # python -m linearkit.experiments.init_depth
+if __name__ == "__main__":  # python -m experiments.init_depth
     raise SystemExit(main())

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis.render import agg_figure
+from linearkit.analysis.render import agg_figure
 from .init_depth import CHANCE, INITS, Result
 
 __all__ = ["plot_curves", "plot_stats"]
@@ -27,7 +27,7 @@ _STYLES = {"small": {"lw": 5, "alpha": 0.45, "zorder": 1},
 def _figure(rows: int, cols: int, size):
     fig = agg_figure(size, "the init experiment's plots need matplotlib: pip install "
                            "\"linearkit[plot]\" (or skip the page and plots: "
-                           "`linearkit experiment init-depth --no-write`, or run(write=False))")
+                           "`python -m experiments init-depth --no-write`, or run(write=False))")
     return fig, fig.subplots(rows, cols, squeeze=False)
 
 

@@ -6,9 +6,9 @@ import re
 import numpy as np
 import pytest
 
-from linearkit.experiments import EXPERIMENTS, get
-from linearkit.experiments import precision_exp as E
-from linearkit.experiments import precision_page as P
+from experiments import EXPERIMENTS, get
+from experiments import precision_exp as E
+from experiments import precision_page as P
 
 pytest.importorskip("ml_dtypes")
 
@@ -28,10 +28,13 @@ def test_quick_run_measures_every_section_and_writes_the_page(quick):
     result, page = quick
     assert set(result.sections) == {"loss_scaling", "dot", "memory", "accumulation",
                                     "checkpointing", "pitfall"}
-    for n, claim in enumerate(("004 §6.2", "004 §6.2", "000 §4.1", "004 §6.3", "000 §4.1",
-                               "004 §6.2"), start=1):
+    # each numbered section opens by quoting the claim it measures
+    claims = ("梯度在FP16下容易下溢成0", "核心风险是累加溢出", "把激活值和梯度的精度降到fp16",
+              "梯度累积时别忘了", "另一种思路是重计算", "单精度下正常的初始化")
+    for n, claim in enumerate(claims, start=1):
         head = page.index(f"## {n}. ")
-        assert f"**Article {claim}**" in page[head:], (n, claim)
+        section = page[head:page.find("\n## ", head + 1)]
+        assert f'**The claim**: "{claim}' in section, (n, claim)
     assert "**Quick run**" in page
     # Python's formatting of a NaN or an infinity in a table cell means a number went wrong
     assert not re.search(r"\bnan\b", page), "an unformatted NaN on the page"

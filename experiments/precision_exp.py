@@ -1,15 +1,15 @@
-"""The precision experiment: the articles' half-precision claims, measured here — the numbers
+"""The precision experiment: popular half-precision claims, measured here — the numbers
 behind docs/precision.md.
 
-``linearkit experiment precision [--quick] [--out-dir DIR | --write-docs | --no-write]``. On the
-MNIST-1D recipe (bundled) and on synthetic arrays it measures: how many float16 gradients
-underflow to zero without loss scaling and whether training stalls, against the GradScaler
-(004 §6.2); a long dot product accumulated in float16 against float32 ("累加溢出", 004 §6.2);
-the memory of the article's ``Linear(1024, 4096)`` on ``[64, 128, 1024]`` with 16-bit storage,
-activations and gradients (000 §4.1); gradient accumulation that forgets to divide by k against
-``linearkit.training.accumulation`` (004 §6.3); activation checkpointing's memory against its time
-(000 §4.1); and the initialization that is fine in float32 and breaks a float16 run, found by
-``range_check`` and ``detect_anomaly`` (004 §6.2). Every number on the page comes from one
+``python -m experiments precision [--quick] [--out-dir DIR | --write-docs | --no-write]``.
+On the MNIST-1D recipe (bundled) and on synthetic arrays it measures: how many float16 gradients
+underflow to zero without loss scaling and whether training stalls, against the GradScaler; a
+long dot product accumulated in float16 against float32 ("累加溢出"); the memory of the
+article's ``Linear(1024, 4096)`` on ``[64, 128, 1024]`` with 16-bit storage, activations and
+gradients; gradient accumulation that forgets to divide by k against
+``linearkit.training.accumulation``; activation checkpointing's memory against its time; and
+the initialization that is fine in float32 and breaks a float16 run, found by ``range_check``
+and ``detect_anomaly``. Every number on the page comes from one
 ``run`` (the module is named ``precision_exp`` so as not to read as ``linearkit.precision``).
 """
 
@@ -77,7 +77,7 @@ class Result:
 # ---------------------------------------------------------------- shared pieces
 def _recipe(seed: int, dtype=np.float32):
     """The MNIST-1D recipe's MLP (40 -> 100 -> residual 100 -> 10), stored in ``dtype``."""
-    from ..training.recipe import build_model
+    from linearkit.recipes.mnist1d import build_model
 
     model = build_model("mlp", 100, rng=np.random.default_rng(seed))
     return model if np.dtype(dtype) == np.float32 else model.to(dtype)
@@ -85,22 +85,22 @@ def _recipe(seed: int, dtype=np.float32):
 
 def _batches(x, y, seed: int, batch: int = 100):
     """Endless shuffled batches, as ``train`` draws them (drop_last, reshuffled per epoch)."""
-    from ..data import DataLoader
+    from linearkit.data import DataLoader
 
     loader = DataLoader(x, y, batch_size=batch, shuffle=True, drop_last=True, seed=seed)
     return itertools.chain.from_iterable(iter(loader) for _ in itertools.count())
 
 
 def _accuracy(model, x, y) -> float:
-    from ..training.recipe import accuracy
+    from linearkit.recipes.mnist1d import accuracy
 
     return accuracy(model, x, y)
 
 
 def _train_loss(model, x, y) -> float:
     """Mean cross-entropy of the whole training set (eval mode, no backward state)."""
-    from ..training.loop import evaluate
-    from ..losses import CrossEntropyLoss
+    from linearkit.training.loop import evaluate
+    from linearkit import CrossEntropyLoss
 
     with np.errstate(all="ignore"):
         return float(evaluate(model, x, y, loss_fn=CrossEntropyLoss())["loss"])
@@ -113,8 +113,8 @@ def _flat_grads(model) -> np.ndarray:
 def _grads(model, x, y, grads: str, dy: float) -> tuple[float, np.ndarray]:
     """The mean cross-entropy on ``(x, y)`` and every parameter's gradient of ``dy`` x it,
     stored as the policy ``grads`` says, as one float64 vector; gradients are left None."""
-    from .. import precision
-    from ..losses import CrossEntropyLoss
+    from linearkit import precision
+    from linearkit import CrossEntropyLoss
 
     model.zero_grad(set_to_none=True)
     with precision.policy(grads=grads), np.errstate(over="ignore"):
@@ -156,9 +156,9 @@ def train_fp16_grads(data, cfg: Config, *, scaler: bool, steps: int, optimizer: 
     ``optimizer='adam'``: Adam lr 1e-2 (the recipe); ``'sgd'``: SGD momentum 0.9 with
     ``lr = cfg.sgd_lr / weight``, so that in exact arithmetic the weight cancels.
     """
-    from .. import optim, precision
-    from ..training.amp import GradScaler
-    from ..losses import CrossEntropyLoss
+    from linearkit import optim, precision
+    from linearkit.training.amp import GradScaler
+    from linearkit import CrossEntropyLoss
 
     model = _recipe(cfg.seed, np.float16)
     opt = (optim.Adam(model.parameters(), lr=1e-2) if optimizer == "adam"
@@ -199,8 +199,8 @@ def train_fp16_grads(data, cfg: Config, *, scaler: bool, steps: int, optimizer: 
 
 # ---------------------------------------------------------------- 1. loss scaling
 def loss_scaling(data, cfg: Config) -> dict:
-    """004 §6.2: float16 gradients underflow to 0; loss scaling is the cure."""
-    from ..training.recipe import train
+    """The claim: float16 gradients underflow to 0; loss scaling is the cure."""
+    from linearkit.recipes.mnist1d import train
 
     out = {"adam": {}, "recipes": {}, "sgd": []}
     for scaled in (False, True):
@@ -252,11 +252,13 @@ DOT_KINDS = {"normal": "N(0,1) x N(0,1): zero-mean products",
 
 
 def dot_accumulation(cfg: Config) -> dict:
-    """004 §6.2: "乘法用半精度、累加用单精度". Each row: float16 vectors ``a, b (n,)``; their dot
-    product summed sequentially in float16 (``np.add.accumulate(a * b, dtype=float16)``), in
-    float32, by NumPy's float16 ``np.dot``, and by a float16-stored ``Linear(n, 1)`` (weight
-    ``a``, input ``b``: float32 GEMM), each against the float64 sum of the same values."""
-    from ..layers import Linear
+    """The claim: "乘法用半精度、累加用单精度" (multiply in half, accumulate in single).
+
+    Each row: float16 vectors ``a, b (n,)``; their dot product summed sequentially in float16
+    (``np.add.accumulate(a * b, dtype=float16)``), in float32, by NumPy's float16 ``np.dot``,
+    and by a float16-stored ``Linear(n, 1)`` (weight ``a``, input ``b``: float32 GEMM), each
+    against the float64 sum of the same values."""
+    from linearkit import Linear
 
     rng = np.random.default_rng(cfg.seed)
     rows = []
@@ -298,10 +300,10 @@ def _memory_case(storage: str, activations, grads: str, cfg: Config) -> dict:
     Adam's moments, after a first step), what the backward holds after the forward beyond the
     output (the saved activations; the input is made inside the step as a previous layer's
     output would be, and dropped by the caller), the output's bytes, and the step's peak."""
-    from .. import precision
-    from ..analysis import ledger
-    from ..layers import Linear
-    from ..optim import Adam
+    from linearkit import precision
+    from linearkit.analysis import ledger
+    from linearkit import Linear
+    from linearkit.optim import Adam
 
     rng = np.random.default_rng(cfg.seed)
     shape = tuple(cfg.memory_shape)
@@ -345,14 +347,15 @@ def _memory_case(storage: str, activations, grads: str, cfg: Config) -> dict:
 
 
 def memory(cfg: Config) -> list[dict]:
-    """000 §4.1: "把激活值和梯度的精度降到fp16，显存直接砍半"."""
+    """The claim: "把激活值和梯度的精度降到fp16，显存直接砍半" (16-bit activations and
+    gradients halve the memory)."""
     return [_memory_case(*case, cfg) for case in MEMORY_CASES]
 
 
 # ---------------------------------------------------------------- 4. gradient accumulation
 def _forgetful_backward(model, loss_fn, x, y, k: int) -> None:
     """The pitfall: k micro-batches, each mean loss backpropagated from dy = 1 (no 1/k)."""
-    from ..training.accumulation import micro_batch_slices
+    from linearkit.training.accumulation import micro_batch_slices
 
     for rows in micro_batch_slices(len(x), k):
         pred, back = model.vjp(x[rows], input_grad=False)
@@ -369,10 +372,10 @@ def _forgetful_step(model, loss_fn, opt, x, y, k: int) -> None:
 def _accum_train(data, cfg: Config, mode: str, lr: float, steps: int, dtype=np.float32):
     """SGD (momentum 0.9) on batches of ``k x 100`` rows: ``mode`` 'big' (one batch), 'helper'
     (``accumulated_step``, k micro-batches) or 'forgetful' (k micro-batches, no division)."""
-    from ..training.accumulation import accumulated_step
-    from ..training.loop import step as loop_step
-    from ..losses import CrossEntropyLoss
-    from ..optim import SGD
+    from linearkit.training.accumulation import accumulated_step
+    from linearkit.training.loop import step as loop_step
+    from linearkit import CrossEntropyLoss
+    from linearkit.optim import SGD
 
     model = _recipe(cfg.seed, dtype)
     opt = SGD(model.parameters(), lr=lr, momentum=0.9)
@@ -398,11 +401,11 @@ def _max_dw(a, b) -> float:
 
 
 def accumulation(data, cfg: Config) -> dict:
-    """004 §6.3: accumulate k micro-batches, and divide by k — or the learning rate is k x."""
-    from ..training.accumulation import accumulate
-    from ..layers import BatchNorm1d, Linear, ReLU, Sequential
-    from ..losses import CrossEntropyLoss
-    from ..optim import SGD
+    """The claim: accumulate k micro-batches, and divide by k — or the learning rate is k x."""
+    from linearkit.training.accumulation import accumulate
+    from linearkit import BatchNorm1d, Linear, ReLU, Sequential
+    from linearkit import CrossEntropyLoss
+    from linearkit.optim import SGD
 
     k, loss_fn = cfg.accum_k, CrossEntropyLoss()
     x, y = data.x_train[:100 * k], data.y_train[:100 * k]
@@ -439,11 +442,11 @@ def accumulation(data, cfg: Config) -> dict:
                            Linear(100, 10, rng=rng)).train()
         opt = SGD(model.parameters(), lr=lr)
         if mode == "big":
-            from ..training.loop import step as loop_step
+            from linearkit.training.loop import step as loop_step
 
             loop_step(model, loss_fn, opt, x, y)
         else:
-            from ..training.accumulation import accumulated_step
+            from linearkit.training.accumulation import accumulated_step
 
             accumulated_step(model, loss_fn, opt, x, y, micro_batches=k)
         stats[mode] = model
@@ -463,8 +466,9 @@ def accumulation(data, cfg: Config) -> dict:
 
 # ---------------------------------------------------------------- 5. checkpointing
 def checkpointing(cfg: Config) -> dict:
-    """000 §4.1: "牺牲一些计算时间来换显存" — ``measure_checkpointing`` on a deep MLP."""
-    from ..analysis.checkpoint_measure import measure_checkpointing
+    """The claim: "牺牲一些计算时间来换显存" (trade compute time for memory) —
+    ``measure_checkpointing`` on a deep MLP."""
+    from .checkpoint_measure import measure_checkpointing
 
     params = dict(cfg.ckpt)
     return {**params, **measure_checkpointing(**params)}
@@ -475,7 +479,7 @@ def pitfall_model(std: float | None, seed: int):
     """``40 -> 256 ReLU -> 256 BatchNorm1d ReLU -> 10``; the first Linear's weight drawn
     N(0, std²) (None: the default init). The BatchNorm after the second Linear makes the
     first layer's scale irrelevant in float32 — not the range of what is stored in float16."""
-    from ..layers import BatchNorm1d, Linear, ReLU, Sequential
+    from linearkit import BatchNorm1d, Linear, ReLU, Sequential
 
     rng = np.random.default_rng(seed)
     model = Sequential(Linear(40, 256, rng=rng), ReLU(), Linear(256, 256, rng=rng),
@@ -487,15 +491,13 @@ def pitfall_model(std: float | None, seed: int):
 
 
 def init_pitfall(data, cfg: Config) -> dict:
-    """004 §6.2: the float32 init that breaks a float16 run, the error at a later layer; the
+    """The claim: the float32 init that breaks a float16 run, the error at a later layer; the
     cure: one forward, each layer's range (``range_check``), and ``detect_anomaly``."""
-    from .. import precision
-    from ..analysis import range_check
-    from ..core.anomaly import detect_anomaly
-    from ..errors import AnomalyError
-    from ..losses import CrossEntropyLoss
-    from ..optim import Adam
-    from ..training.recipe import train
+    from linearkit import precision
+    from linearkit.analysis import range_check
+    from linearkit import AnomalyError, CrossEntropyLoss, detect_anomaly
+    from linearkit.optim import Adam
+    from linearkit.recipes.mnist1d import train
 
     std, seed = cfg.pitfall_std, cfg.seed
     probe_x, probe_y = data.x_train[:100], data.y_train[:100]
@@ -582,7 +584,7 @@ def run(out_dir=DEFAULT_OUT_DIR, *, quick: bool = False, seed: int = 42,
 
 
 def _measure(cfg: Config, log) -> Result:
-    from ..data import mnist1d
+    from linearkit.data import mnist1d
 
     result = Result(cfg, machine_info())
     data = mnist1d()
@@ -598,12 +600,12 @@ def _measure(cfg: Config, log) -> Result:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``linearkit experiment precision [--quick] [--out-dir DIR | --write-docs | --no-write]
+    """``python -m experiments precision [--quick] [--out-dir DIR | --write-docs | --no-write]
     [--seed N]``; a mistake is one line on stderr and exit status 2."""
     from .pages import parse_page_args
 
     args, out_dir = parse_page_args(
-        "precision", "Measure the articles' half-precision claims on MNIST-1D and synthetic "
+        "precision", "Measure popular half-precision claims on MNIST-1D and synthetic "
         "arrays (fp16 gradient underflow and loss scaling, float16 accumulation, 16-bit memory, "
         "gradient accumulation, checkpointing, the float16 init pitfall); write the page.",
         "precision.md", DEFAULT_OUT_DIR, 42, argv, needs=[("ml_dtypes", "cli")])
@@ -611,5 +613,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":  # python -m linearkit.experiments.precision_exp
+if __name__ == "__main__":  # python -m experiments.precision_exp
     raise SystemExit(main())
