@@ -2,7 +2,7 @@
 
 Every framework runs in its own child process (``python -m benchmarks.worker FRAMEWORK GROUP``),
 which prints one JSON object on stdout; the parent (``benchmarks.run``) collects them, prints the
-tables and the targets (issues 3, 7, 10 and 11, MET/MISSED), and with ``--write-docs`` regenerates
+tables and the performance targets (MET/MISSED), and with ``--write-docs`` regenerates
 ``docs/performance.md`` and ``docs/sweep.md``.
 
 Modules: ``cases`` (shapes, sizes, repeats, target limits), ``timing`` (medians after warm-up),

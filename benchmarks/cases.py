@@ -52,7 +52,7 @@ BLAS_FRAMEWORKS = ("numpy", "linearkit")
 PAIRED_GROUPS = ("large", "small", "batch1", "mlp", "recipe")
 
 LARGE = [((256, 1024), 4096), ((1024, 1024), 4096), ((64, 128, 1024), 4096)]
-PRECISION = LARGE[:2]  # the shapes of issue 10's acceptance (16-bit storage vs float32)
+PRECISION = LARGE[:2]  # the shapes of the 16-bit targets (16-bit storage vs float32)
 # its targets: a 16-bit-stored layer's time over float32's, forward+backward
 PRECISION_LIMITS = {"bfloat16": 1.3, "float16": 1.6}
 SMALL = ((1, 16), 16)
@@ -86,8 +86,8 @@ BUSY_STEPS = {
 BUSY_GEMMS = [(100, 40, 100), (100, 100, 100), (128, 256, 256), (128, 784, 256),
               (512, 784, 256)]
 N_BATCHES = 8  # distinct synthetic batches cycled through by the MLP throughput cases
-# The sweep group (issue 11, item 4; the articles' 004 §6.1): one layer against batch size, and
-# square widths just under and at a multiple of 8/16/64, at one batch.
+# The sweep group (docs/sweep.md): one layer against batch size, and square widths just under
+# and at a multiple of 8/16/64, at one batch.
 SWEEP_LAYER = (1024, 1024)
 SWEEP_MAX_BATCH = 64
 SWEEP_DIMS = (250, 256, 1000, 1024, 4000, 4096)
@@ -96,7 +96,7 @@ SWEEP_THREADS = (None, 1, 2)  # None: linearkit's default policy (linearkit.back
 # The large-layer target holds "in three consecutive runs": the large group runs at least this
 # many rounds for NumPy and linearkit (more with --rounds), each round's ratio reported.
 LARGE_ROUNDS = 3
-# No growth of traced memory over this many training steps (issue 11), at most this much in all.
+# No growth of traced memory over this many training steps (a target), at most this much in all.
 MEMORY_STEPS = 1000
 MEMORY_GROWTH_LIMIT = 16 * 1024
 

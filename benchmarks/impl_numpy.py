@@ -246,7 +246,7 @@ def gemms_case(sizes, batch: int):
     """Only the 8 GEMMs of one :class:`MLP` training step, back to back, into the step's own
     buffers: 3 forward, then dW3, dh2, dW2, dh1, dW1 (no dX for the first layer), on the inputs
     the step cycles through (``data.step_inputs``). The floor a NumPy step of this model cannot
-    go under (issue 11: "the step within 15% of its GEMMs")."""
+    go under (the target: "the step within 15% of its GEMMs")."""
     net = MLP(sizes, batch, cases.MLP_LR)
     batches = data.classification_batches(batch, sizes[0], sizes[-1], data.rng(1))
     net.train_step(*batches[0])  # real values in every buffer (np.empty may hold NaNs or denormals)

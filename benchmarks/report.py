@@ -1,8 +1,8 @@
 """Tables and targets from the workers' results, as plain text (terminal) or Markdown (docs).
 
 Every number comes from the results dict built by ``benchmarks.run`` (or loaded with
-``--from-json``); nothing here is typed by hand but the targets themselves (issues 3, 7, 10
-and 11; their limits live in ``benchmarks.cases``).
+``--from-json``); nothing here is typed by hand but the performance targets themselves (their
+limits live in ``benchmarks.cases``).
 """
 
 from __future__ import annotations
@@ -338,7 +338,7 @@ def mlp_sections(v: View):
 def recipe_section(v: View):
     steps = v.meta.get("config", {}).get("recipe_steps", 6000)
     rows = []
-    for fw, case, label in (("linearkit", "train-cli", "linearkit.training.recipe.train (`linearkit train`)"),
+    for fw, case, label in (("linearkit", "train-cli", "linearkit.recipes.mnist1d.train (`linearkit train`)"),
                             ("linearkit", "train", "linearkit, documented step loop"),
                             ("linearkit", "train-parts",
                              "linearkit, step loop, the step's kernels called one by one"),
@@ -372,7 +372,7 @@ def recipe_section(v: View):
         "batches gathered by index each step; model built outside the timed region; median of "
         f"{v.meta.get('config', {}).get('recipe_repeats', 3)} runs, after a few untimed steps "
         "(JAX compiles its step, linearkit loads its compiled kernels: once per process, "
-        "measured in 5b). `linearkit.training.recipe.train` is "
+        "measured in 5b). `linearkit.recipes.mnist1d.train` is "
         "the command's own loop (its DataLoader, its BLAS-thread choice, evaluation off), timed "
         "by itself; the other rows are the documented step on pre-drawn index batches. "
         "linearkit's step runs as one compiled call (fast.md, \"The whole step in one call\"); "
@@ -584,8 +584,9 @@ def profile_sections(v: View):
 
 # ----------------------------------------------------------------------------- targets
 def targets(v: View) -> list[list[str]]:
-    """One row per target, ``[issue(s), target, measured, status]``; issue 11's targets replace
-    the issue-3 rows they tighten (small calls, MLP training, the recipe), the rest are kept."""
+    """One row per target, ``[issue(s), target, measured, status]``; the newer, tighter targets
+    replace the older rows they tighten (small calls, MLP training, the recipe), the rest are
+    kept."""
     rows = []
 
     def add(issue, target, measured, status):

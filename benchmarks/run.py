@@ -3,8 +3,8 @@
 
 Runs each (framework, group) in its own child process, one after another, with
 ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` removed from the children's environment (the
-parent's own environment is left as it is); prints the tables and every target of issues 3, 7,
-10 and 11 as MET/MISSED. The large group runs ``cases.LARGE_ROUNDS`` rounds for NumPy and
+parent's own environment is left as it is); prints the tables and every performance target as
+MET/MISSED. The large group runs ``cases.LARGE_ROUNDS`` rounds for NumPy and
 linearkit in a full run (its target holds "in three consecutive runs"). The groups of
 ``cases.PAIRED_GROUPS`` take their frameworks' repeats in turn (benchmarks/paired.py): still a
 process per framework and never two running at once, but the k-th repeats of compared cases

@@ -1,6 +1,6 @@
-"""The sweep group (issue 11, item 4): one layer against batch size, and widths near a multiple of
-8/16/64 -- the articles' claims (004 §6.1) "small batches waste the hardware: sweep batch 1 to 64,
-find the knee" and "250 -> 256 runs faster", measured here.
+"""The sweep group: one layer against batch size, and widths near a multiple of 8/16/64 -- two
+popular claims, "small batches waste the hardware: sweep batch 1 to 64, find the knee" and
+"250 -> 256 runs faster", measured here.
 
 linearkit runs :func:`linearkit.analysis.layer_sweep.batch_sweep` / :func:`linearkit.analysis.layer_sweep.dim_sweep` (what
 ``linearkit sweep`` prints) under the default thread policy and at fixed BLAS thread counts

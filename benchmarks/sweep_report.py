@@ -1,9 +1,10 @@
 """The sweep group's tables and findings: for the report (docs/performance.md) and for
-docs/sweep.md, the articles' claims beside what this machine measured.
+docs/sweep.md, two popular claims about batch size and layer width beside what this machine
+measured.
 
 Every number and every verdict is computed from the results of ``python -m benchmarks``
 (``--only sweep`` is enough); nothing here is typed by hand but the claims themselves, quoted
-from the article (004 §6.1) and translated.
+and translated.
 """
 
 from __future__ import annotations

@@ -1,7 +1,12 @@
-"""Pure math on ndarrays: the linear map, its backward, activations and softmax.
+"""The math of every layer as functions on ndarrays: the linear map and its three gradients,
+activations, softmax and the norms, forward and backward.
 
-No classes, no state: modules, transforms, gradcheck and the tests all call down into these.
-Shapes use ``*`` for any number of leading dimensions (including none).
+Modules, transforms, gradcheck and the tests all call down into these. They hold no model
+state; what they do keep is machine-facing: the forward GEMM's layout comes from
+``backend.gemm`` (which may call NumPy's own BLAS through ctypes), each large GEMM asks the
+BLAS thread policy (``backend.threads``) first, and a cached ``ones`` vector serves the bias
+gradient. The figures behind each threshold are in docs/fast.md, "Figures behind choices in the
+code". Shapes use ``*`` for any number of leading dimensions (including none).
 Every function keeps the dtype of its inputs (float32 stays float32). The linear GEMMs also take
 a weight stored in float16 or bfloat16: it is upcast to float32 (``precision.compute_array``) in
 blocks, and the result is float32 (NumPy has no half-precision BLAS).
@@ -62,7 +67,7 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
 
     Shapes: x ``(*, in)``, weight ``(out, in)``, bias ``(out,)`` -> y ``(*, out)``.
     Leading dimensions are flattened into one 2-D GEMM (NumPy's batched matmul would run one
-    GEMM per leading index, ~40% slower); the bias is added in place. A float16/bfloat16 weight
+    GEMM per leading index, which is slower); the bias is added in place. A float16/bfloat16 weight
     (or bias, or x) is upcast and y is float32 (``_linear_16bit``).
     """
     out_features, in_features = weight.shape
@@ -135,10 +140,8 @@ def linear_input_grad(dy: np.ndarray, weight: np.ndarray) -> np.ndarray:
 # (y[:, rows] = x @ W[rows].T), of input columns in dx (dx[:, cols] = dy @ W[:, cols]), so no
 # float32 copy of the whole weight exists at once and each block's copy is still in cache when
 # the GEMM packs it. A weight of at most BLOCK_ELEMENTS_16BIT elements is converted whole.
-# Measured (`python -m benchmarks --only precision`, Linear 1024->4096 in bfloat16, batch 256
-# and 1024, five runs): blocks of 1M elements (4 MiB of float32) take 0-5% longer than one whole
-# conversion (the GEMMs are narrower) and peak 12 MiB lower; smaller blocks (256K) were 5-40%
-# slower. So blocking buys memory, not speed, and the block is as large as that allows.
+# Blocking buys memory, not speed (the GEMMs are narrower), so the block is as large as that
+# allows: 1M elements, 4 MiB of float32.
 BLOCK_ELEMENTS_16BIT = 1 << 20
 
 
@@ -186,9 +189,8 @@ def _input_grad_16bit(dy, weight):
 _OUTER_BLOCK = 64
 # A one-row dW of at most this many bytes is accumulated directly (``out += dyᵀ x``, one
 # temporary): below glibc's default mmap threshold (128 KiB) the temporary comes from the heap
-# without page faults, and the block loop's slicing costs more than it saves. Measured
-# (float32, one row, median of 9, interleaved): Linear(16,16) 5.7 -> 2.7 us, 128x128 28.7 ->
-# 16.7 us, 256x256 (256 KiB) 45.5 vs 47.0 (even), 1024x1024 1107 vs 1522 (the blocks win).
+# without page faults, and the block loop's slicing costs more than it saves; above it the
+# blocks win.
 _OUTER_DIRECT_BYTES = 1 << 17
 
 
@@ -202,7 +204,7 @@ def linear_weight_grad(dy: np.ndarray, x: np.ndarray, out: np.ndarray | None = N
     dy2 = _rows(dy)
     x2 = _rows(x)
     if dy2.shape[0] == 1:
-        # One row: an outer product. OpenBLAS's GEMM path for a K=1 product is 3-7x slower.
+        # One row: an outer product (OpenBLAS's GEMM path for a K=1 product is much slower).
         column = dy2.T
         if out is None:
             return np.multiply(column, x2)
@@ -232,15 +234,12 @@ def linear_weight_grad(dy: np.ndarray, x: np.ndarray, out: np.ndarray | None = N
 
 
 # Bias gradients of two or more rows as ``ones @ dy`` (a GEMV, one pass over dy) instead of
-# ``dy.sum(axis=0)`` (NumPy's axis-0 reduction adds row by row through its iterator). Measured
-# (float32, one BLAS thread, median of 7, interleaved): 32x256 2.6 -> 1.6 us, 128x1024 21.5 ->
-# 11.4, 512x256 25.9 -> 9.8, 512x1024 77 -> 50, 512x4096 357 vs 357 (memory-bound: even);
-# one row keeps its copy (1.2 us, the GEMV 1.6-8 us). Those are np.matmul; np.dot is faster.
+# ``dy.sum(axis=0)`` (NumPy's axis-0 reduction adds row by row through its iterator): faster up
+# to memory-bound sizes, where the two are even; one row keeps its copy, cheaper than either.
 # Only for float32/float64 (BLAS); other dtypes keep the reduction. The GEMV runs on the BLAS
 # threads the policy (threads.py) chose for the GEMM before it, which is more than one only
-# while the machine shows idle cores: at the BLAS default (every core) beside a busy process,
-# OpenBLAS's split GEMV took 7.9 ms instead of 0.08 for 512x1024. It sets no count itself: a
-# switch per bias doubled the thread switches of a training step (97 -> 192 in 220 steps).
+# while the machine shows idle cores (OpenBLAS's split GEMV beside a busy process is ~100x
+# slower). It sets no count itself: a switch per bias would double a step's thread switches.
 def _column_sum(dy2: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``dy2.sum(axis=0)`` for a 2-D dy2, as a GEMV ``ones @ dy2`` when BLAS can run it.
 
@@ -255,7 +254,7 @@ def _column_sum(dy2: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     if out is not None and not out.flags.c_contiguous:  # np.dot writes only contiguous outs
         out[...] = np.dot(ones, dy2)
         return out
-    return np.dot(ones, dy2, out=out)  # np.dot: ~0.4 us less call overhead than np.matmul
+    return np.dot(ones, dy2, out=out)  # np.dot: less call overhead than np.matmul
 
 
 def linear_bias_grad(dy: np.ndarray, out: np.ndarray | None = None,
@@ -291,7 +290,7 @@ def relu_backward(dy: np.ndarray, y: np.ndarray) -> np.ndarray:
     ``dy`` through, and a dead unit (x <= 0, so 0 at x = 0) gives +0 even where ``dy`` is NaN
     or inf (``dy * (y > 0)`` would give NaN there). Computed as a bitwise AND of dy's bits
     with an all-ones / all-zeros mask: no floating-point operation, so no warning, and as fast
-    as that multiply (``np.where`` is ~10x slower on a random mask).
+    as that multiply (``np.where`` is much slower on a random mask).
     """
     dy = np.asarray(dy)
     dead = np.less_equal(y, 0)
@@ -528,7 +527,7 @@ def _normalize(x: np.ndarray, axes: tuple, eps: float):
 def _out_of_range(rstd: np.ndarray, eps: float) -> bool:
     """Whether some ``rstd = 1/sqrt(var + eps)`` came from an overflowed variance (rstd 0) or,
     possible only for ``eps`` below the dtype's smallest normal, an underflowed one. NaN is
-    ignored (a NaN input stays NaN). One reduction in the common case: ~1.4 us."""
+    ignored (a NaN input stays NaN). One reduction in the common case."""
     if np.fmin.reduce(rstd, axis=None) == 0:
         return True
     tiny = np.finfo(rstd.dtype).tiny

@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 T = TypeVar("T", Parameter, np.ndarray)
-if TYPE_CHECKING:   # annotations only: evaluating it would import numpy.random (~8-15 ms)
+if TYPE_CHECKING:   # annotations only: evaluating it would import numpy.random (slow to import)
     RNG = np.random.Generator | int | None  # an int is a seed for a fresh Generator
 
 _LINEAR_FNS = ("linear", "conv1d", "conv2d", "conv3d",

@@ -2,7 +2,7 @@
 
 A parameter is *stored* in float32 (the default), float64, float16 or bfloat16 (``ml_dtypes``,
 imported only when bfloat16 is asked for). The GEMMs *compute* in float32 or float64: NumPy has
-no half-precision BLAS (a float16 GEMM runs ~90x slower than float32 here), so a 16-bit
+no half-precision BLAS (a float16 GEMM runs far slower than float32: docs/dtypes.md), so a 16-bit
 parameter is upcast for the arithmetic and its layer takes and returns float32 arrays.
 
 The policy says what 16-bit training keeps, and is read by a layer when its forward runs (fixed
@@ -225,7 +225,7 @@ def check_compute(module, storage: np.dtype) -> np.dtype:
 
     ``policy.compute`` None gives ``compute_dtype(storage)``; asking for exactly that is fine;
     anything else is a DTypeError naming the layer (``module``) and the dtypes: float16 or
-    bfloat16 compute has no BLAS in NumPy (~90x slower than float32), and a compute dtype other
+    bfloat16 compute has no BLAS in NumPy (far slower than float32), and a compute dtype other
     than the storage's for float32/float64 parameters is a conversion of the model.
     """
     natural = compute_dtype(storage)
@@ -259,16 +259,13 @@ def compute_array(a: np.ndarray) -> np.ndarray:
     The one helper layers use for their compute arrays. Both conversions are exact. A bfloat16
     is the top half of a float32, so its copy is one NumPy pass, ``uint16 << 16`` into a uint32
     array viewed as float32 (``_bfloat16_to_float32``): every bit of ``astype``'s result, NaN
-    payloads kept. Measured on the 2-core AMD EPYC (median of 9, float32 out): a 1M-element
-    block of a (4096, 1024) weight 0.20 ms against ml_dtypes' ``astype`` 0.58 ms (rows) and
-    0.24 against 0.93 ms (a strided block of columns); the whole weight 2.1 against 2.2 ms. (On
-    the earlier Xeon the trick written as separate NumPy calls, uint16 -> uint32 then << 16,
-    lost to ``astype`` on the whole weight: 1.6-1.9 against 1.1 ms; this one-call form was not
-    measured there.) NumPy's float16 ``astype`` (5-7 ms on the Xeon, scalar: its F16C
-    path is not in the baseline build) beat a float32 table lookup (``take``, 9 ms), the
-    exponent-rebias bit trick in cache-sized pieces (6.3-10 ms) and the two halves on two
-    threads (faster alone, 1.1 ms instead of 1.8 per 1M elements, but no faster between two
-    GEMMs: OpenBLAS's threads spin on the other core for a while after each GEMM).
+    payloads kept. Measured, it beat ml_dtypes' ``astype`` on blocks of a large weight (rows, or
+    a strided block of columns) and matched it on the whole weight. NumPy's float16 ``astype``
+    (scalar: its F16C path is not in the baseline build) beat the alternatives tried: a float32
+    table lookup (``take``), the exponent-rebias bit trick in cache-sized pieces, and the two
+    halves on two threads (faster alone, but not between two GEMMs: OpenBLAS's threads spin on
+    the other core for a while after each GEMM). docs/dtypes.md, "What the upcasts cost", has
+    the figures.
     """
     if a.itemsize == 2:
         if _is_bf16(a.dtype):

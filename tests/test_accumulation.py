@@ -214,7 +214,7 @@ def test_float32_with_the_scaler_matches_torchs_accumulation_recipe():
 
 
 def test_forgetting_to_divide_gives_k_times_the_gradient():
-    """The pitfall (articles 004 §6.3): k mean losses, each backward from 1."""
+    """The common pitfall: k mean losses, each backward from 1."""
     k = 4
     x, y = _data()
     _, full = _full_grads(_mlp(), lk.CrossEntropyLoss(), x, y)

@@ -1,7 +1,7 @@
-"""detect_anomaly in 16-bit runs (issue 10, item 5): the first layer that produced a non-finite
-value is named by its path, where without it the NaN shows up at a later layer (the articles'
-004 §6.2 pitfall: an initialization fine in float32 turns the loss NaN after switching precision,
-"the error points at a later layer"); analysis.range_check flags the cause before training.
+"""detect_anomaly in 16-bit runs: the first layer that produced a non-finite value is named by
+its path, where without it the NaN shows up at a later layer (the known pitfall: an
+initialization fine in float32 turns the loss NaN after switching precision, "the error points
+at a later layer"); analysis.range_check flags the cause before training.
 
 16-bit storage computes in float32, so outputs overflow only as float32 does. What does overflow
 16 bits: a weight rounded by ``model.to(np.float16)``, a float16 copy a layer keeps for its

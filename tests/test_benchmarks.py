@@ -97,7 +97,7 @@ def status_of(rows, words: str) -> str:
     return found[0][3]
 
 
-ISSUE_11 = [  # one phrase per target of issue 11 ("Targets"), in the issue's order
+ISSUE_11 = [  # one phrase per performance target (performance.md's "Targets" table), in its order
     "MLP train b32 ≥ 1.5× PyTorch fused", "MLP train b128 ≥ 1.15× PyTorch fused",
     "MLP train b512 ≥ 1.1× PyTorch fused", "MLP train b32 ≥ 1.1× JAX", "MLP train b128 ≥ 0.95× JAX",
     "MLP train b512 ≥ 0.9× JAX", "step ≤ 1.15× its 8 GEMMs",
@@ -119,7 +119,7 @@ def test_every_issue_11_target_is_one_row_and_met_when_linearkit_is_fast_enough(
     for words in ISSUE_11:
         assert status_of(rows, words).startswith("MET"), words
     assert all(r[3].startswith("MET") for r in rows), [r for r in rows if "MET" not in r[3]]
-    # the superseded issue-3 limits are gone
+    # the superseded, looser small-call limits are gone
     assert not [r for r in rows if "≤ 2 µs" in r[1] or "≤ 6 µs" in r[1]]
 
 

@@ -251,7 +251,7 @@ def test_loader_sequential_batches_and_len():
 
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_an_epoch_without_a_batch_is_an_error(shuffle):
-    # `while step < steps: for xb, yb in loader` spun forever on such a loader (issue 7).
+    # `while step < steps: for xb, yb in loader` spun forever on such a loader (a fixed bug).
     x, y = np.arange(20).reshape(10, 2), np.arange(10)
     loader = DataLoader(x, y, batch_size=11, shuffle=shuffle, drop_last=True, seed=0)
     with pytest.raises(ValueError) as info:

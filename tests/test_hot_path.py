@@ -1,4 +1,4 @@
-"""The NumPy hot paths (issue 11, item 2) equal straightforward references.
+"""The NumPy hot paths (the speed-ups in ``linearkit.functional``) equal straightforward references.
 
 Bias gradients run as a GEMV ``ones @ dy`` (within float32 rounding of ``dy.sum(0)``); a small
 one-row dW is accumulated directly, a large one block by block (both bitwise ``out + dyᵀ x``).

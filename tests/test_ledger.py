@@ -19,7 +19,7 @@ def rng(seed=0):
     return np.random.default_rng(seed)
 
 
-# ------------------------------------------------------------------ the articles' arithmetic
+# ---------------------------------------------------------------- the textbook arithmetic
 def test_linear_4096_parameters_and_float32_bytes():
     L = ledger(lk.Linear(4096, 4096, rng=rng()), (1, 4096))
     assert L.totals["params"] == 4096 * 4096 + 4096 == 16_781_312
@@ -85,7 +85,7 @@ def test_saved_activations_equal_what_the_closures_hold(name, model, shape):
     dtype = next(model.parameters()).dtype
     _, backward = model.vjp(np.zeros(shape, dtype), input_grad=False)
     real = closure_bytes(backward, model)
-    assert abs(L.memory["activations"] - real) <= 0.10 * real  # the issue's bound ...
+    assert abs(L.memory["activations"] - real) <= 0.10 * real  # the required bound ...
     assert L.memory["activations"] == real  # ... and in fact exact
 
 

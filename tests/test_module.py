@@ -159,7 +159,7 @@ def test_to_dtype_converts_parameters():
 
 # ------------------------------------------------------------- custom modules (docs example)
 class ResidualMLPBlock(lk.Module):
-    """The articles' block ``x + fc2(gelu(fc1(x)))``, written by composing vjp closures."""
+    """A residual MLP block ``x + fc2(gelu(fc1(x)))``, written by composing vjp closures."""
 
     def __init__(self, d, hidden, dtype=np.float32, rng=None):
         super().__init__()

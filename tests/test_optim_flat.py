@@ -3,7 +3,7 @@
 A group whose parameters all step together is updated over contiguous arrays; these tests pin
 that it gives the per-parameter path's bits, survives state-dict round trips, adopts the
 gradients once (then zero_grad is one fill and the backward writes in place), and never
-zero-fills a state that lacks a key (the issue's defect) — it raises as the per-parameter path
+zero-fills a state that lacks a key (a bug it once had) — it raises as the per-parameter path
 does. test_optim_adam.py checks both paths against the reference function ``adam_step``.
 """
 

@@ -185,7 +185,7 @@ def _load_fails(opt, sd, match):
 @pytest.mark.parametrize("size", [1, 2, 3], ids=["one-param-group", "flat-2", "flat-3"])
 @pytest.mark.parametrize("key", ["exp_avg_sq", "exp_avg", "step"])
 def test_adam_state_missing_a_key_raises_at_load_not_zero_filled(key, size):
-    """The issue's defect: a group of two or more silently zero-filled a missing exp_avg_sq."""
+    """The old defect: a group of two or more silently zero-filled a missing exp_avg_sq."""
     opt, _ = _trained(optim.Adam, {}, sizes=(size,))
     sd = opt.state_dict()
     del sd["state"][size - 1][key]

@@ -202,12 +202,15 @@ def test_model_is_unchanged_after_recording():
     grads = [np.full(p.shape, 0.5, p.dtype) for p in model.parameters()]
     for p, g in zip(model.parameters(), grads):
         p.grad = g
-    dicts = [dict(m.__dict__) for m in model.modules()]
+    def attributes(m):       # the runtime's kept plans are caches it may replace, not state
+        return {k: v for k, v in m.__dict__.items() if k not in lk.runtime.PLAN_ATTRIBUTES}
+
+    dicts = [attributes(m) for m in model.modules()]
 
     record_stats(model, x, steps=3)
 
     assert all("vjp" not in m.__dict__ for m in model.modules())
-    assert [dict(m.__dict__) for m in model.modules()] == dicts
+    assert [attributes(m) for m in model.modules()] == dicts
     for k, v in model.state_dict().items():
         np.testing.assert_array_equal(v, before[k])
     for p, g in zip(model.parameters(), grads):

@@ -16,7 +16,7 @@ def _linear(n_in, n_out, seed=0):
     return lk.Linear(n_in, n_out)
 
 
-# ----------------------------------------------------------------------------- the case
+# --------------------------------------------------------------- the case verify was written for
 def test_a_square_layer_in_the_wrong_layout_passes_every_shape_check_and_verify_catches_it():
     original = torch.nn.Linear(8, 8).double().eval()
     kernel = original.weight.detach().numpy().T.copy()  # stored (in, out), as Keras/Flax do

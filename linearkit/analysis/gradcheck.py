@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..layers.dropout import Dropout
 from ..core.module import Module
+from ..rules import rule_for
 
 __all__ = ["GradcheckError", "GradcheckResult", "Mismatch", "TensorReport", "gradcheck"]
 
@@ -158,15 +158,18 @@ def gradcheck(module_or_fn, *inputs, eps=None, atol=None, rtol=None, raise_on_fa
     fn = (lambda *a: module.vjp(*a, input_grad=True)) if module is not None else module_or_fn
     xs = [np.array(x, copy=True) for x in inputs]
     modules = list(module.modules()) if module is not None else []
-    dropouts = [m for m in modules if isinstance(m, Dropout) and m.training and m.p > 0]
-    saved_rngs = [m._rng for m in dropouts]
-    saved_buffers = [(m, name, b, None if b is None else b.copy())
-                     for m in modules for name, b in m._buffers.items()]
+    # The layers that draw a random mask (a 'dropout' rule: Dropout and its subclasses), each
+    # pinned to its own seeded Generator (Dropout.rng) while the check runs.
+    dropouts = [m for m in modules if getattr(rule_for(m), "kind", None) == "dropout"
+                and m.training and m.p > 0]
+    saved_rngs = [m.rng for m in dropouts]
+    saved_buffers = [(m, name, b, b.copy()) for m in modules
+                     for name, b in m.named_buffers(recurse=False, remove_duplicate=False)]
     saved_grads = []
 
     def evaluate():
         for k, m in enumerate(dropouts):
-            m._rng = np.random.default_rng([seed, k])
+            m.rng = np.random.default_rng([seed, k])
         y, backward = fn(*xs)
         return np.asarray(y), backward
 
@@ -215,10 +218,9 @@ def gradcheck(module_or_fn, *inputs, eps=None, atol=None, rtol=None, raise_on_fa
             reports[name] = _compare(name, analytic, numeric, atol, rtol)
     finally:
         for m, rng in zip(dropouts, saved_rngs):
-            m._rng = rng
+            m.rng = rng
         for m, name, b, values in saved_buffers:
-            if b is not None:
-                b[...] = values
+            b[...] = values
             setattr(m, name, b)
         for p, grad in saved_grads:
             p.grad = grad

@@ -8,12 +8,12 @@ candidate timed once per round, so a change in the machine's load hits them all 
   latency (ms per call) and throughput (samples/s), forward and optionally forward+backward, and
   the **knee**: the smallest batch whose throughput reaches ``KNEE_FRACTION`` (90%) of the best
   throughput in the sweep (:func:`find_knee`). Past the knee a bigger batch buys little more
-  throughput and costs latency in proportion (the articles' 004 §6.1: "sweep batch 1 to 64, find
-  the knee of throughput against latency").
+  throughput and costs latency in proportion (the common advice: "sweep batch 1 to 64, find
+  the knee of throughput against latency"; docs/sweep.md).
 - :func:`dim_sweep` — square layers ``Linear(d, d)`` of the given widths at one batch size:
   the time per call and the arithmetic rate (GFLOP/s, ``2·batch·d²`` per forward), each row beside
   the one before it, to check the claim that widths that are multiples of 8/16/64 run faster
-  (004 §6.1: "250 -> 256 runs faster").
+  ("250 -> 256 runs faster").
 
 Not imported by ``import linearkit``; the plot is :mod:`linearkit.analysis.layer_sweep_plot` (matplotlib).
 

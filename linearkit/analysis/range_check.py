@@ -1,7 +1,7 @@
 """``range_check(model, x, dtype)``: will this model's activations fit a 16-bit dtype?
 
-The articles' advice after switching precision (004 §6.2) — "run one forward and print each
-layer's output range" — done for the user: one forward on a copy of the model (so BatchNorm's
+The usual advice after switching precision — "run one forward and print each layer's output
+range" — done for the user: one forward on a copy of the model (so BatchNorm's
 running statistics and the random streams of the original are untouched), and for every layer
 the largest |value| of its output, parameters and buffers (a BatchNorm's running variance of
 1e10 is inf once stored in float16), and the fraction of its nonzero outputs that

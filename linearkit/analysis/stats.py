@@ -281,8 +281,8 @@ def record_stats(model: Module, x, target=None, loss_fn=None, steps: int = 1, *,
     saved_grads = [p.grad for p in params]
     saved_grad_values = [None if g is None else g.copy() for g in saved_grads]
     saved_buffers = [] if optimizer is not None else [
-        (m, n, b, None if b is None else b.copy())
-        for m in model.modules() for n, b in m._buffers.items()]
+        (m, n, b, b.copy()) for m in model.modules()
+        for n, b in m.named_buffers(recurse=False, remove_duplicate=False)]
     losses: list[float] = []
     recorder = StatsRecorder(model, keep_arrays=keep_arrays)
     try:
@@ -310,8 +310,7 @@ def record_stats(model: Module, x, target=None, loss_fn=None, steps: int = 1, *,
                 g[...] = v  # the same array object, with its old values
             p.grad = g
         for m, n, b, v in saved_buffers:
-            if b is not None:
-                b[...] = v
+            b[...] = v
             setattr(m, n, b)
     report = recorder.report(ratio=ratio, grad_rtol=grad_rtol, dead_fraction=dead_fraction)
     report.losses = losses

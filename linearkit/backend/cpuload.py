@@ -3,7 +3,8 @@
 Used by ``linearkit.backend.threads`` to decide whether a large GEMM may use more than one BLAS thread.
 A ``LoadMeter`` compares two looks: the busy time of the allowed CPUs (``/proc/stat``: user,
 nice, system, irq, softirq, steal) minus this process's own CPU time (``time.process_time``,
-every thread), over the wall time between them, in cores. A look costs ~20 us.
+every thread), over the wall time between them, in cores. A look reads one file (its cost is
+in docs/threads.md, "What it costs").
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@
 Why it matters here: a weight whose gradient stays 0 (a dead ReLU unit) has a first moment
 that Adam decays by ``beta1`` every step into the subnormal range (|x| < 2**-126 in float32),
 where it stays (``m * (1 - beta1)`` rounds to 0 for the smallest ones). On x86 every float
-operation that reads or makes a subnormal takes a microcode assist, ~100x a normal one. In
-``linearkit train``'s recipe, after 3,000 steps, 45% of one layer's ``exp_avg`` entries were
-subnormal and Adam's step took 103 us instead of 40 (``python -m benchmarks.subnormals``,
-docs/fast.md). PyTorch's Adam keeps the same subnormals; JAX (XLA) flushes them by default.
+operation that reads or makes a subnormal takes a microcode assist, far slower than a normal
+one. In ``linearkit train``'s recipe, after 3,000 steps, many of one layer's ``exp_avg`` entries
+are subnormal and Adam's step is slowed by them (``python -m benchmarks.subnormals`` measures it;
+docs/fast.md, "Subnormal floats", has the figures). PyTorch's Adam keeps the same subnormals;
+JAX (XLA) flushes them by default.
 
 ``set_flush_denormal(True)`` sets the CPU's flush-to-zero and denormals-are-zero modes (x86:
 MXCSR's FTZ and DAZ bits; AArch64: FPCR's FZ bit) for the calling thread, as

@@ -2,10 +2,10 @@
 that stays fast when another process is using a core.
 
 Why a policy: on a shared machine, a BLAS GEMM split over every core waits at each barrier for
-a thread the OS has handed to someone else. Issue 7 measured a training step 50-130x slower at
-the BLAS default (every core) beside other busy processes on a 2-core machine, and within ~2.5x
-on one BLAS thread; on an idle machine two threads pay off only on large GEMMs.
-docs/threads.md has this repo's measurements (``python -m benchmarks --only busy``).
+a thread the OS has handed to someone else. Beside other busy processes a training step at the
+BLAS default (every core) gets many times slower, and on one BLAS thread it barely notices; on
+an idle machine two threads pay off only on large GEMMs. docs/threads.md has the measurements
+(``python -m benchmarks --only busy``, and the figures from when this policy was written).
 
 The default policy (``get_policy() == "adaptive"``), decided before each GEMM of
 ``linearkit.functional`` (``linear``, ``linear_input_grad``, ``linear_weight_grad``):
@@ -29,8 +29,9 @@ It covers every BLAS library the process has loaded (NumPy's OpenBLAS, SciPy's o
 MKL, BLIS, FlexiBLAS), found once through ``threadpoolctl`` on the first GEMM (not at
 ``import linearkit``) and again when a library may have been loaded since (``sys.modules``
 grew). Each switch is one direct call into the library's own setter (``openblas_set_num_threads``
-through ctypes, ~0.3 us), made only when the count changes. Without ``threadpoolctl``, BLAS keeps
-its own default (every core) and ``set_num_threads`` raises ``ImportError``.
+through ctypes, far cheaper than a ``threadpool_limits`` context), made only when the count
+changes. Without ``threadpoolctl``, BLAS keeps its own default (every core) and
+``set_num_threads`` raises ``ImportError``.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ __all__ = [
 # 100x100x100, 1M) run no faster on two threads on an idle machine and slower still beside a
 # busy process (docs/threads.md, table 9b, measures the sizes around it).
 SMALL_GEMM_MACS = 1 << 22
-# Seconds between two looks at the machine's load (each look costs ~20 us).
+# Seconds between two looks at the machine's load (a look reads /proc/stat: docs/threads.md,
+# "What it costs").
 SAMPLE_S = 0.2
 # A core that other processes kept busier than this (fraction of the last sample) is not used.
 BUSY_CORE = 0.2

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 # Made on first use: numpy.random is not imported by ``import numpy`` (NumPy 2 loads it lazily)
-# and costs ~8-15 ms to import, which ``import linearkit`` then need not pay.
+# and is slow to import (docs/measurements.md), which ``import linearkit`` then need not pay.
 _generator = None
 
 

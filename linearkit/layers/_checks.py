@@ -35,7 +35,7 @@ def as_input(module, x, dtype: np.dtype) -> np.ndarray:
 
     Policy (deliberate, documented in docs/dtypes.md): an ndarray must already have the
     parameters' dtype — NumPy would silently promote float32 @ float64 to float64 (2x memory,
-    ~3x slower) and PyTorch raises, so we raise too. Python lists and scalars have no dtype
+    and slower) and PyTorch raises, so we raise too. Python lists and scalars have no dtype
     and take the module's. Parameters stored in float16/bfloat16 compute in float32: their
     input is float32 (or the storage dtype itself, returned as it is: the layer upcasts it).
     """

@@ -53,6 +53,21 @@ class Dropout(Module):
         # and draw the same mask each step. None stays None (the library's generator, per call).
         self._rng = None if rng is None else resolve(rng)
 
+    @property
+    def rng(self) -> np.random.Generator | None:
+        """The Generator the masks are drawn from; None: the library's, per call
+        (``linearkit.manual_seed``). Assign a Generator (or None) to change it: the way a tool
+        pins the masks (``analysis.gradcheck`` draws the same mask for every evaluation)."""
+        return self._rng
+
+    @rng.setter
+    def rng(self, generator: np.random.Generator | None) -> None:
+        if generator is not None and not isinstance(generator, np.random.Generator):
+            raise TypeError(f"Dropout.rng takes a numpy.random.Generator or None, got "
+                            f"{type(generator).__name__}; make one with "
+                            "numpy.random.default_rng(seed)")
+        self._rng = generator
+
     def _mask(self, x: np.ndarray) -> np.ndarray:
         """Keep-mask already scaled by 1/(1-p), in x's dtype."""
         keep = resolve(self._rng).random(x.shape) >= self.p

@@ -69,9 +69,8 @@ class SparseLinear(Module):
 
     Storage: ``nnz·(itemsize + 4) + 4·(out_features + 1)`` bytes for the weight, against
     ``out_features·in_features·itemsize`` dense: at float32 it is smaller only below 50% density
-    (float64: 2/3). The CSR products run on one core in SciPy;
-    ``linearkit.transforms.sparse_timing.sparse_vs_dense`` measures where they beat the dense
-    GEMM (docs/surgery.md has this machine's numbers).
+    (float64: 2/3). The CSR products run on one core in SciPy; docs/surgery.md measures where
+    they beat the dense GEMM on its machine (``python -m experiments surgery``, from a checkout).
 
     Parameters
     ----------
@@ -228,8 +227,8 @@ class SparseLinear(Module):
     def _product(self, x2: np.ndarray) -> np.ndarray:
         """``x2 (N, in) @ W.T -> (N, out)``, as ``(W @ x2ᵀ)ᵀ``: SciPy's CSR kernel runs over the
         ``(in, N)`` C-ordered copy of ``x2ᵀ``, and its ``(out, N)`` result comes back
-        transposed, a Fortran-ordered view (copying it to C order cost up to 30% more at batch
-        256 on 1024x1024 in our measurement; ``x @ W.T`` through SciPy was slower still)."""
+        transposed, a Fortran-ordered view (copying it to C order costs more, and ``x @ W.T``
+        through SciPy was slower still: docs/measurements.md)."""
         return (self._matrix() @ x2.T).T
 
     def forward(self, x: np.ndarray) -> np.ndarray:

@@ -1,19 +1,20 @@
 """``loop.step`` as one compiled call, when nothing in the step needs Python between its parts.
 
 The step is ``model.vjp`` -> ``CrossEntropyLoss.vjp`` -> backward -> ``Adam.step_and_zero_grad``.
-When each part would run its compiled kernel anyway (the model a chain ``runtime/compiled_chain.py``
-takes, the loss its fused case, Adam its flat one-pass step), ``backend/fast/step_kernel.py`` runs the
-four kernels in one call, on the arrays they would get: the same bits, ~50 us less Python per
-step on the recipe here, 189 -> 139 us (docs/fast.md; tests/test_compiled_step.py compares
-every state after every step).
+When each part would run its compiled kernel anyway (the model a chain
+``runtime/compiled_chain.py`` takes, the loss its fused case, Adam its flat one-pass step),
+``backend/fast/step_kernel.py`` runs the four kernels in one call, on the arrays they would get:
+the same bits, without the Python between the parts (docs/fast.md, "The whole step in one
+call"; tests/test_compiled_step.py compares every state after every step).
 
 Anything else returns None before touching anything, and ``loop.step`` runs the parts one by
-one: a model with hooks or not a plain ``Sequential``, ``detect_anomaly``, a precision policy,
-``tracemalloc`` tracing, another loss or optimizer (or a subclass), more than one parameter
-group, a group that is not exactly the chain's trainable parameters, Adam's first step (it
-packs the flat state), gradients neither all None nor all the flat buffer's own views, and a
-target outside ``[0, C)`` or equal to ``ignore_index`` (the parts raise or ignore it).
-``LINEARKIT_FAST=0`` turns it off with the other kernels.
+one; ``prepare`` returns the first condition that failed: the route switched off
+(``linearkit.runtime.disabled``; ``LINEARKIT_FAST=0`` turns every kernel off), a model with
+hooks or not a plain ``Sequential``, ``detect_anomaly``, a precision policy, ``tracemalloc``
+tracing, another loss or optimizer (or a subclass), more than one parameter group, a group
+that is not exactly the chain's trainable parameters, Adam's first step (it packs the flat
+state), gradients neither all None nor all the flat buffer's own views; and ``run`` gives up
+on a target outside ``[0, C)`` or equal to ``ignore_index`` (the parts raise or ignore it).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ starts from ``dy = D_j / D`` instead of 1: the gradients then add up to the full
 for uneven splits (``N`` not a multiple of ``k``). A sum-reduced loss needs no division
 (``dy = 1``).
 
-The pitfall this removes (articles 004 §6.3): accumulating ``k`` mean losses each with
+The pitfall this removes (a common one in tutorials): accumulating ``k`` mean losses each with
 ``dy = 1`` gives ``k`` times the full-batch gradient, so plain SGD takes a step ``k`` times too
 large — the effective learning rate is multiplied by ``k``. Adam hides the mistake (its update
 barely changes when every gradient is scaled by a constant: only through ``eps``), but gradient

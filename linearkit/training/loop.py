@@ -1,6 +1,7 @@
 """The training step and the evaluation pass, written once.
 
-``step`` is the four lines of the README's "A training step" (DESIGN.md, the protocol);
+``step`` is the four lines of the README's "A training step" (the backward protocol:
+docs/architecture.md);
 ``evaluate`` is the batched accuracy/loss pass every script used to copy. ``linearkit train``,
 the init experiment, ``analysis.stats`` and the benchmarks call these, so a change to the
 protocol (hooks, precision, a thread policy) lands in one place.

@@ -4,9 +4,10 @@ Each kernel replaces a NumPy sequence with one pass and gives the same bits (tes
 runs both on the same inputs). The NumPy path is used when numba is not installed, for dtypes a
 kernel does not cover, and whenever the environment sets ``LINEARKIT_FAST=0``.
 
-``import linearkit`` never imports numba: the kernels' module (and numba with it, ~0.3 s) is
-imported the first time a caller asks for it, typically the first optimizer step. Kernels are
-compiled with numba's on-disk cache, so a second process reloads them instead of recompiling.
+``import linearkit`` never imports numba: the kernels' module (and numba with it, a slow import:
+docs/fast.md) is imported the first time a caller asks for it, typically the first optimizer
+step. Kernels are compiled with numba's on-disk cache, so a second process reloads them instead
+of recompiling.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ _FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
 _loaded = None       # the kernels (a namespace) once imported, False when the import failed
 
 
-# os.environ's own store, read without the Mapping's per-call key encoding (~0.5 us of each
-# enabled() call, several per training step); any other platform reads os.environ itself
+# os.environ's own store, read without the Mapping's per-call key encoding (most of the cost of
+# each enabled() call, several per training step: docs/fast.md); any other platform reads
+# os.environ itself
 _ENV = getattr(os.environ, "_data", None)
 try:
     _ENV_KEY = os.environ.encodekey("LINEARKIT_FAST") if _ENV is not None else None
@@ -88,8 +90,8 @@ def kernels():
 
 def loaded():
     """``kernels()`` if an earlier call already imported them, else None: never imports numba
-    (for a plain forward, where a kernel saves ~1 us and importing numba costs ~0.3 s). The
-    environment is read only once they are loaded (a forward asks up to three times)."""
+    (for a plain forward, where a kernel saves far less than importing numba costs: docs/fast.md).
+    The environment is read only once they are loaded (a forward asks up to three times)."""
     if not _loaded:
         return None
     return _loaded if enabled() else None

@@ -8,7 +8,7 @@ other build (MKL, Accelerate, an LP64 OpenBLAS) has other names or integer width
 ``functions()`` returns None and callers keep the NumPy path. On first use each function is
 checked once against ``np.dot``/``np.matmul`` on a few shapes; any bit of difference also
 gives None. numba's own ``np.dot`` is not used: it calls SciPy's separate OpenBLAS build, whose
-float64 GEMM measured here differs from NumPy's in the last bit for 100x100x100.
+float64 GEMM can differ from NumPy's in the last bit (it did for 100x100x100: docs/fast.md).
 
 Pointers and dimensions are declared as 64-bit integers (the ILP64 ``blasint``; a pointer is
 passed the same way on every 64-bit ABI), so compiled code hands over ``a.ctypes.data``.

@@ -6,8 +6,8 @@ same arguments), and every elementwise step is the NumPy path's operation in its
 ``fastmath=False``: the outputs, ``dx`` and every gradient have the thin path's bits
 (tests/test_compiled_chain.py runs both) under one BLAS thread count (OpenBLAS's bits depend on
 it, and the chain sets its largest GEMM's count for all of them: docs/fast.md). What the chain
-saves is the Python between the calls: ~3-5 us per NumPy call and per closure, about 40 of them
-in the recipe's step.
+saves is the Python between the calls: the overhead of each NumPy call and each closure, about
+40 of them in the recipe's step (docs/fast.md, "Figures behind choices in the code").
 
 Layer ``i`` of the chain is ``weights[i] (out, in)``, ``biases[i] (out,)`` and ``flags[i]``,
 a sum of backend/fast/chain_flags.py's bits. ``ws`` (1-D, ``chain_flags.workspace_per_row`` elements
@@ -50,7 +50,8 @@ _JIT = {"cache": True, "error_model": "numpy", "fastmath": False, "nogil": True}
 
 # NumPy's BLAS, called by symbol: each process tells numba's linker where the symbols are
 # (a cached kernel names them, so it links again in the next process). Passing the ctypes
-# functions as arguments instead cost ~3 us of argument typing per kernel call.
+# functions as arguments instead cost argument typing on every kernel call (docs/fast.md, "The
+# compiled chain").
 def _external(dtype, routine: str, signature):
     name = _blas.symbol(dtype, routine)
     address = _blas.address(name)

@@ -5,7 +5,7 @@ planned and checked in linearkit/runtime/compiled_step.py).
 It calls the very kernels the step's separate calls run, in their order, on the same arrays:
 ``chain_forward``, ``softmax_ce_forward``/``_backward``, ``chain_backward`` and ``_adam``
 per parameter. The bits are theirs (tests/test_compiled_step.py runs both); what it saves is
-the Python between them (~50 us of the recipe's ~190 us step here: docs/fast.md).
+the Python between them (docs/fast.md, "The whole step in one call", has the timing).
 """
 
 from __future__ import annotations
