@@ -20,7 +20,7 @@ from linearkit.io.safetensors_header import read_tensors
 from linearkit.layers.lora import LoRALinear
 from linearkit.training.loop import evaluate, step
 from linearkit.rules import rule_for
-from linearkit.training.recipe import build_model
+from linearkit.recipes.mnist1d import build_model
 from linearkit.transforms import (
     add_lora,
     extract_lora,

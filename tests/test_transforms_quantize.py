@@ -1,4 +1,4 @@
-"""int8 quantization: quantize_weight, QuantizedLinear, quantize(model, "int8") (issue 9 item 5)."""
+"""int8 quantization: quantize_weight, QuantizedLinear, quantize(model, "int8")."""
 
 import warnings
 
@@ -10,7 +10,7 @@ from linearkit.io.safetensors_header import read_header
 from linearkit.layers.quantized import QuantizedLinear, QuantizedTrainingError
 from linearkit.training.loop import step
 from linearkit.rules import rule_for
-from linearkit.training.recipe import accuracy, train
+from linearkit.recipes.mnist1d import accuracy, train
 from linearkit.transforms import quantize, quantize_weight
 
 torch = pytest.importorskip("torch")

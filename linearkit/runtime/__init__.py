@@ -18,4 +18,7 @@ from .switches import ROUTES, disabled, enabled
 
 _container.install_runner(_sequential)
 
-__all__ = ["ROUTES", "RouteReport", "disabled", "enabled", "explain"]
+#: The attributes a Sequential's kept plans live in (caches, never state: a copy plans anew)
+PLAN_ATTRIBUTES = ("_compiled_plan", "_thin_forward", "_thin_vjp")
+
+__all__ = ["PLAN_ATTRIBUTES", "ROUTES", "RouteReport", "disabled", "enabled", "explain"]

@@ -118,9 +118,13 @@ def explain(model, x, *, loss_fn=None, optimizer=None, y=None) -> RouteReport:
 
     >>> import numpy as np, linearkit as lk
     >>> model = lk.Sequential(lk.Linear(4, 8), lk.ReLU(), lk.Linear(8, 2))
+    >>> model[2].register_forward_hook(lambda module, args, y: None)  # doctest: +ELLIPSIS
+    <...>
     >>> report = lk.runtime.explain(model, np.ones((3, 4), np.float32))
-    >>> report.routes("forward")[:2]
-    ['fused_linear_relu', 'fused_linear_relu']
+    >>> report.routes("forward")
+    ['fused_linear_relu', 'fused_linear_relu', 'guarded']
+    >>> report.row("2").why_forward
+    'thin path: no — a call hook is registered on it'
     """
     x = np.asarray(x) if not isinstance(x, np.ndarray) else x
     inputs = _inputs(model, x)
