@@ -238,10 +238,10 @@ def test_dropout_training_uses_one_fixed_mask_and_keeps_the_generators():
     state = default_generator().bit_generator.state
     assert model.training and gradcheck(model, _x(6, 4), raise_on_failure=True)
     assert default_generator().bit_generator.state == state
-    assert model[1]._rng is None and model.training
+    assert model[1].rng is None and model.training
     own = np.random.default_rng(5)
-    model[1]._rng = own
-    assert gradcheck(model, _x(6, 4)).ok and model[1]._rng is own
+    model[1].rng = own
+    assert gradcheck(model, _x(6, 4)).ok and model[1].rng is own
 
 
 def test_nondeterministic_module_is_refused():

@@ -122,7 +122,7 @@ def test_handles_remove_hooks_and_observe_cleans_up_even_on_error():
     with pytest.raises(lk.ShapeError):
         with lk.hooks.observe(model, forward=lambda m, a, y: calls.append(2)):
             model(np.ones((1, 5), np.float32))
-    assert not any(m._hooks for m in model.modules())
+    assert not any(m.has_hooks() for m in model.modules())
     with lk.hooks.observe(forward=lambda m, a, y: calls.append(type(m).__name__)):
         lk.ReLU()(np.ones(2, np.float32))
     assert calls[-1] == "ReLU" and not lk.hooks.active

@@ -242,7 +242,7 @@ class GradientReducer:
     def _install_hooks(self) -> None:
         owners: dict[int, list] = {}
         for m in self.model.modules():
-            own = [p for p in m._parameters.values() if p is not None]
+            own = [p for _, p in m.named_parameters(recurse=False, remove_duplicate=False)]
             for p in own:
                 owners.setdefault(id(p), []).append(m)
             if own:
@@ -263,8 +263,8 @@ class GradientReducer:
         if left:
             return
         buckets = self._layout()
-        for p in module._parameters.values():
-            if p is None or not p.requires_grad:
+        for _, p in module.named_parameters(recurse=False, remove_duplicate=False):
+            if not p.requires_grad:
                 continue
             if any(self._pending.get(id(m), 0) > 0 for m in self._owners[id(p)]):
                 continue      # a tied parameter whose other owner's backward is still to come

@@ -1,5 +1,10 @@
 """Move between a plain ``Linear`` and its tensor-parallel shards: ``shard_linear``,
-``gather_linear``, and the parallel MLP block ``parallel_mlp``."""
+``gather_linear``, and the parallel MLP block ``parallel_mlp``.
+
+Which layers they take is the layer rules' answer: a layer whose own rule lists
+'shard_linear' (a plain, materialized Linear), and one whose rule lists 'gather_linear' (a
+``ColumnParallelLinear`` or ``RowParallelLinear``; ``linearkit.rules.transforms_for``).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,9 @@ import numpy as np
 
 from ..layers.container import Sequential
 from ..layers.linear import Linear, linear_from
+from ..rules.registry import transforms_for  # importing it registers the shipped rules
 from . import comm as _comm
-from .parallel_linear import ColumnParallelLinear, RowParallelLinear, _ParallelLinear
+from .parallel_linear import ColumnParallelLinear, RowParallelLinear
 
 __all__ = ["gather_linear", "parallel_mlp", "shard_linear"]
 
@@ -37,7 +43,7 @@ def shard_linear(linear: Linear, rank: int | None = None, world_size: int | None
     if mode not in _MODES:
         raise ValueError(f"shard_linear: mode must be 'column' (split out_features) or 'row' "
                          f"(split in_features), got {mode!r}")
-    if type(linear) is not Linear:
+    if "shard_linear" not in transforms_for(linear):  # a plain Linear: a subclass may differ
         raise TypeError(f"shard_linear takes a materialized Linear, got {type(linear).__name__}")
     dtype = linear.weight.data.dtype
     extra = {"gather_output": gather_output} if mode == "column" else \
@@ -55,10 +61,10 @@ def shard_linear(linear: Linear, rank: int | None = None, world_size: int | None
     return shard
 
 
-def gather_linear(shard: _ParallelLinear) -> Linear:
+def gather_linear(shard: ColumnParallelLinear | RowParallelLinear) -> Linear:
     """The full ``Linear`` whose shards the ranks hold: a collective (every rank calls it and
     gets the same layer). Inverse of :func:`shard_linear`."""
-    if not isinstance(shard, _ParallelLinear):
+    if "gather_linear" not in transforms_for(shard):
         raise TypeError(f"gather_linear takes a ColumnParallelLinear or RowParallelLinear, got "
                         f"{type(shard).__name__}")
     running = _comm.world_size(shard.comm)
@@ -66,7 +72,7 @@ def gather_linear(shard: _ParallelLinear) -> Linear:
         raise RuntimeError(f"gather_linear: the shard is one of {shard.world_size} but the group "
                            f"has {running} rank(s); call it on every rank of the job")
     w, b = shard.weight.data, None if shard.bias is None else shard.bias.data
-    if isinstance(shard, ColumnParallelLinear):
+    if shard.split_dim == 0:  # a column shard: rows lo:hi of the weight and the bias
         weight = _comm.allgather_rows(w, shard.comm)
         bias = None if b is None else _comm.allgather_rows(b, shard.comm)
     else:

@@ -1,10 +1,12 @@
 """PyTorch interop: ``from_torch(module)``, ``to_torch(model)`` and ``load_torch_state(path)``.
 
-Converting foreign types happens here, at the edge, through one table (``_table``): a torch
-layer type, the linearkit type it becomes, and its constructor arguments (read the same way on
-both sides, since linearkit uses PyTorch's names).
-Matching is by exact type, so a user's subclass of ``nn.Linear`` with its own ``forward`` is
-refused rather than silently converted as a plain Linear.
+Converting foreign types happens here, at the edge, through the layer rules' torch twins
+(``LayerRule.torch``, ``linearkit.rules.TorchTwin``; the shipped ones in
+``linearkit/rules/torch_rules.py``): a torch layer type, the linearkit type it becomes, and its
+constructor arguments (read the same way on both sides, since linearkit uses PyTorch's names).
+A user's layer converts once its rule names a twin. Matching is by exact type on both sides, so
+a user's subclass of ``nn.Linear`` with its own ``forward`` is refused rather than silently
+converted as a plain Linear (and so is a subclass of ``lk.Linear`` without a rule of its own).
 
 Decisions:
 
@@ -12,9 +14,9 @@ Decisions:
   dict keys stay the same): a list of layers means "apply them in order", the way
   ``for layer in layers: x = layer(x)`` uses it. PyTorch cannot call a ModuleList itself, so
   ``to_torch`` gives back an ``nn.Sequential``.
-* ``linearkit.Residual`` maps to ``TorchResidual`` (built on first use): a two-line torch
-  module computing ``x + module(x)`` whose child is named ``module``, as in linearkit, so the
-  keys agree; ``from_torch`` converts it back.
+* ``linearkit.Residual`` maps to ``TorchResidual`` (``linearkit.io.torch.TorchResidual``, built
+  on first use): a two-line torch module computing ``x + module(x)`` whose child is named
+  ``module``, as in linearkit, so the keys agree; ``from_torch`` converts it back.
 * ``nn.LazyLinear`` converts once materialized (PyTorch then turns it into an ``nn.Linear``);
   an unmaterialized one, on either side, is refused: its weights do not exist yet.
 * Dtypes are kept (float16, float32, float64); each module's training flag and each
@@ -33,9 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import layers as L
 from ..errors import FormatError
 from ..core.module import Module
+from ..rules import registered_types, torch_twins
 
 __all__ = ["from_torch", "load_torch_state", "to_torch"]
 
@@ -72,6 +74,14 @@ def _residual_class():
     return _RESIDUAL
 
 
+def __getattr__(name):
+    # TorchResidual subclasses torch.nn.Module, so it exists only once torch is imported: the
+    # path Residual's twin names ("linearkit.io.torch.TorchResidual") resolves here.
+    if name == "TorchResidual":
+        return _residual_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _dtype(tm, where: str, default, recurse: bool = False):
     """The NumPy dtype of a torch module's own tensors (``default`` when it has none)."""
     torch = _torch()
@@ -88,56 +98,38 @@ def _dtype(tm, where: str, default, recurse: bool = False):
     return default
 
 
-def _table():
-    """``[(torch type, linearkit type, arguments)]``, ``arguments(module, dtype) -> kwargs``.
+def _table(side: str) -> dict:
+    """``{source type: (target type, twin)}`` converting from ``side`` ('torch' or
+    'linearkit'), read off the registered rules' torch twins (``linearkit.rules.torch_twins``).
 
-    linearkit's layers use PyTorch's constructor and attribute names, so one function reads
-    the arguments off a module of either side. Containers (``arguments`` None: Sequential,
-    ModuleList, Residual) are rebuilt from their children by ``_convert``. ``dtype`` is the
-    module's, in the target's terms.
+    From torch the keys are the twins' torch classes (those with ``from_torch``; where two
+    rules name one class, the later registered wins); from linearkit they are the layer types
+    whose own rule has a twin with ``to_torch``. A twin with ``build`` is a container, rebuilt
+    from its children by ``_convert``.
     """
-    nn = _torch().nn
+    table = {}
+    for layer_type in registered_types():
+        for twin in torch_twins(layer_type):
+            if side == "torch" and twin.from_torch:
+                table[twin.resolve()] = (layer_type, twin)
+            elif side == "linearkit" and twin.to_torch:
+                table[layer_type] = (twin.resolve(), twin)
+    return table
 
-    def none(m, dt):
-        return {}
 
-    def linear(m, dt):
-        return {"in_features": m.in_features, "out_features": m.out_features,
-                "bias": m.bias is not None, "dtype": dt}
-
-    def layer_norm(m, dt):
-        return {"normalized_shape": tuple(m.normalized_shape), "eps": m.eps,
-                "elementwise_affine": m.elementwise_affine,
-                "bias": m.bias is not None or not m.elementwise_affine, "dtype": dt}
-
-    def batch_norm(m, dt):
-        return {"num_features": m.num_features, "eps": m.eps, "momentum": m.momentum,
-                "affine": m.affine, "track_running_stats": m.track_running_stats,
-                "bias": m.bias is not None or not m.affine, "dtype": dt}
-
-    return [
-        (nn.Linear, L.Linear, linear),
-        (nn.ReLU, L.ReLU, none), (nn.Tanh, L.Tanh, none), (nn.Sigmoid, L.Sigmoid, none),
-        (nn.SiLU, L.SiLU, none), (nn.Identity, L.Identity, none),
-        (nn.LeakyReLU, L.LeakyReLU, lambda m, dt: {"negative_slope": m.negative_slope}),
-        (nn.GELU, L.GELU, lambda m, dt: {"approximate": m.approximate}),
-        (nn.Softmax, L.Softmax, lambda m, dt: {"dim": m.dim}),
-        (nn.LogSoftmax, L.LogSoftmax, lambda m, dt: {"dim": m.dim}),
-        (nn.Dropout, L.Dropout, lambda m, dt: {"p": m.p}),
-        (nn.Flatten, L.Flatten, lambda m, dt: {"start_dim": m.start_dim, "end_dim": m.end_dim}),
-        (nn.LayerNorm, L.LayerNorm, layer_norm),
-        (nn.BatchNorm1d, L.BatchNorm1d, batch_norm),
-        (nn.Sequential, L.Sequential, None),
-        (nn.ModuleList, L.Sequential, None),
-        (_residual_class(), L.Residual, None),
-    ]
+def _children(module) -> list:
+    """``[(name, child)]``: every direct child of ``module`` (torch's or linearkit's) under each
+    of its names, in order — a child shared under two names appears under both (PyTorch's and
+    linearkit's ``named_children()`` give it once), so the state-dict keys agree."""
+    return [(name, child) for name, child in module.named_modules(remove_duplicate=False)
+            if name and "." not in name]
 
 
 def _where(path: str, side: str) -> str:
     return f"{side} module '{path}'" if path else f"the root {side} module"
 
 
-def _convert(module, table: dict, make_container, side: str, dtype_of, memo: dict, path=""):
+def _convert(module, table: dict, side: str, dtype_of, memo: dict, path=""):
     """Rebuild ``module`` and its children through ``table`` (shared modules stay shared)."""
     if id(module) in memo:
         return memo[id(module)]
@@ -152,16 +144,15 @@ def _convert(module, table: dict, make_container, side: str, dtype_of, memo: dic
         other = "linearkit" if side == "torch" else "torch"
         raise FormatError(f"{where} has no {other} equivalent; supported: {supported}",
                           hint="replace it, or convert the supported submodules one by one")
-    target, kwargs_of = entry
-    if kwargs_of is None:  # a container: children first, same names
+    target, twin = entry
+    if twin.is_container:  # children first, same names
         children = OrderedDict(
-            (name, _convert(child, table, make_container, side, dtype_of, memo,
+            (name, _convert(child, table, side, dtype_of, memo,
                             f"{path}.{name}" if path else name))
-            # _modules, not named_children(): that yields a shared child once, under one name
-            for name, child in module._modules.items() if child is not None)
-        built = make_container(target, children)
+            for name, child in _children(module))
+        built = twin.build(target, children)
     else:
-        kwargs = kwargs_of(module, dtype_of(module, where))
+        kwargs = twin.arguments(module, dtype_of(module, where))
         try:
             built = target(**kwargs)
         except (TypeError, ValueError) as err:
@@ -196,17 +187,10 @@ def from_torch(module, *, dtype=None) -> Module:
     torch = _torch()
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"from_torch expects a torch.nn.Module, got {type(module).__name__}")
-    table = {t: (lk, args) for t, lk, args in _table()}
-
-    def container(target, children):
-        if target is L.Residual:
-            return L.Residual(children["module"])
-        return L.Sequential(children)
-
+    table = _table("torch")
     default = np.dtype(dtype) if dtype is not None else _dtype(
         module, "the torch model", np.dtype(np.float32), recurse=True)
-    model = _convert(module, table, container, "torch",
-                     lambda m, where: _dtype(m, where, default), {})
+    model = _convert(module, table, "torch", lambda m, where: _dtype(m, where, default), {})
     model.load_state_dict({k: v.detach().cpu().numpy() for k, v in module.state_dict().items()})
     _copy_requires_grad(module.named_parameters(), model.named_parameters())
     return model
@@ -222,20 +206,14 @@ def to_torch(model: Module):
     torch = _torch()
     if not isinstance(model, Module):
         raise TypeError(f"to_torch expects a linearkit Module, got {type(model).__name__}")
-    table = {lk: (t, args) for t, lk, args in _table() if t is not torch.nn.ModuleList}
-    table[L.LazyLinear] = table[L.Linear]
+    table = _table("linearkit")
     dtypes = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
               np.dtype(np.float64): torch.float64}
 
     def dtype_of(m, where):
         return dtypes[np.dtype(getattr(m, "dtype", np.float32))]
 
-    def container(target, children):
-        if target is _residual_class():
-            return target(children["module"])
-        return torch.nn.Sequential(children)
-
-    module = _convert(model, table, container, "linearkit", dtype_of, {})
+    module = _convert(model, table, "linearkit", dtype_of, {})
     module.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in
                             model.state_dict().items()})
     _copy_requires_grad(model.named_parameters(), module.named_parameters())

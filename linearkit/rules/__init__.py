@@ -23,18 +23,37 @@ fields to the same rules. A new layer, the library's or a user's, adds one entry
 >>> handle.remove()
 
 Rules are looked up through the MRO: a subclass inherits its base's rule unless it has its own,
-and a rule registered for a type replaces the one it had. The built-in rules are in
-``linearkit/rules/builtin.py``; the counting conventions in ``linearkit/rules/cost_rules.py``.
+and a rule registered for a type replaces the one it had. The transforms a rule lists apply to
+exactly its type unless it says ``transforms_inherited`` (``transforms_for``); a layer's PyTorch
+twin (``TorchTwin``, ``torch=``: what ``io.from_torch``/``to_torch`` convert and the ledger's
+PyTorch path costs) and its ``lazy`` / ``transposable_keys`` facts stay with the type when a
+rule that leaves them None replaces its rule. The built-in rules are in
+``linearkit/rules/builtin.py`` (their twins in ``torch_rules.py``); the counting conventions in
+``linearkit/rules/cost_rules.py``.
 """
 
 from . import cost_rules as costs  # the public name: linearkit.rules.costs
 from .builtin import register_builtin_rules
 from .rebuild import Rebuild
-from .registry import LayerRule, RuleHandle, register_rule, registered_types, rule_for
+from .registry import (
+    LayerRule,
+    RuleHandle,
+    is_lazy,
+    own_rule,
+    register_rule,
+    registered_types,
+    rule_for,
+    torch_twin_of,
+    torch_twins,
+    transforms_for,
+    transposable_keys,
+)
 from .surgery_rules import register_surgery_rules
+from .torch_twin import TorchTwin
 
 register_builtin_rules()
 register_surgery_rules()
 
-__all__ = ["LayerRule", "Rebuild", "RuleHandle", "costs", "register_rule", "registered_types",
-           "rule_for"]
+__all__ = ["LayerRule", "Rebuild", "RuleHandle", "TorchTwin", "costs", "is_lazy", "own_rule",
+           "register_rule", "registered_types", "rule_for", "torch_twin_of", "torch_twins",
+           "transforms_for", "transposable_keys"]

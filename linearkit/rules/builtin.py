@@ -36,16 +36,13 @@ from .cost_rules import ZERO, elementwise_cost, lead, linear_cost, norm_module_c
 from .onnx_rules import BUILTIN_ONNX
 from .rebuild import BUILTIN_REBUILDS
 from .registry import LayerRule, register_rule
+from .text import linear_text
+from .torch_rules import BUILTIN_TORCH
 
 __all__ = ["ACTIVATIONS", "linear_text"]
 
 #: The parameter-free elementwise layers (and softmaxes), each with its own rule.
 ACTIVATIONS = (ReLU, LeakyReLU, GELU, Tanh, Sigmoid, SiLU, Softmax, LogSoftmax)
-
-
-def linear_text(n_in, n_out, bias: bool) -> str:
-    """The type text of a Linear: 'Linear(784, 256)', 'Linear(784, 256, bias=False)'."""
-    return f"Linear({n_in}, {n_out}" + ("" if bias else ", bias=False") + ")"
 
 
 def _nothing(m, shape, need_dx) -> list:
@@ -92,8 +89,11 @@ LINEAR = LayerRule(
                                                   m.weight.data.size, shape, need_dx),
     info=_linear_info,
     weight=lambda m: m.weight.data,
+    # A dense (out, in) weight and an (out,) bias the transforms may rewrite; a subclass of
+    # Linear inherits none of them (transforms_inherited=False): its forward may differ.
     transforms=("merge_linear", "fold_norm", "factorize", "add_lora", "extract_lora",
-                "quantize", "prune", "to_sparse"),
+                "quantize", "prune", "to_sparse", "fuse_qkv", "split_qkv", "shard_linear"),
+    transposable_keys=("weight",),
 )
 
 
@@ -117,12 +117,15 @@ LAZY_LINEAR = LayerRule(
     info=lambda m, shape: {} if shape is None else {
         "in": shape[-1], "out": m.out_features, "bias": m.has_bias, "lazy": True},
     note=_lazy_note,
+    lazy=True,
+    transposable_keys=("weight",),
 )
 
 
 # ---------------------------------------------------------------- pass-through layers
 IDENTITY = LayerRule(kind="identity", shares_input=True, cost=_zero, saved=_nothing,
-                     transforms=("merge_linear",))  # removed between merged Linears
+                     transforms=("merge_linear",),  # removed between merged Linears
+                     transforms_inherited=True)
 
 FLATTEN = LayerRule(kind="flatten", output_shape=lambda m, shape: m.output_shape(shape),
                     shares_input=True, cost=_zero, saved=_nothing)
@@ -141,6 +144,7 @@ DROPOUT = LayerRule(
     saved=lambda m, shape, need_dx: [("mask", math.prod(shape))] if _drops(m) else [],
     note=lambda m, shape: "" if m.training else "identity (eval mode)",
     transforms=("merge_linear",),
+    transforms_inherited=True,
 )
 
 
@@ -223,8 +227,10 @@ def _compose_residual(m, x, need_dx, visit):
     return tuple(x.shape)  # x + f(x): a new array
 
 
+# merge_linear and fold_norm edit a plain Sequential's steps and rebuild it (not a subclass's:
+# it may call its steps differently).
 SEQUENTIAL = LayerRule(kind="sequential", compose=_compose_sequential, cost=_zero,
-                       saved=_nothing)
+                       saved=_nothing, transforms=("merge_linear", "fold_norm"))
 
 RESIDUAL = LayerRule(
     kind="residual", compose=_compose_residual,
@@ -234,12 +240,14 @@ RESIDUAL = LayerRule(
 
 def register_builtin_rules() -> None:
     """Register the rule of every shipped layer (done once, when ``linearkit.rules`` loads),
-    each with how a model file rebuilds it (``rebuild.BUILTIN_REBUILDS``) and how ONNX export
-    writes it (``onnx_rules.BUILTIN_ONNX``; LazyLinear has none: materialize it first)."""
+    each with how a model file rebuilds it (``rebuild.BUILTIN_REBUILDS``), how ONNX export
+    writes it (``onnx_rules.BUILTIN_ONNX``; LazyLinear has none: materialize it first) and its
+    PyTorch twin (``torch_rules.BUILTIN_TORCH``)."""
     rules = [(Linear, LINEAR), (LazyLinear, LAZY_LINEAR), (Identity, IDENTITY),
              (Flatten, FLATTEN), (Dropout, DROPOUT), (LayerNorm, LAYER_NORM),
              (BatchNorm1d, BATCH_NORM), (Sequential, SEQUENTIAL), (Residual, RESIDUAL)]
     rules += [(cls, _activation(cls)) for cls in ACTIVATIONS]
     for layer_type, rule in rules:
         register_rule(layer_type, replace(rule, rebuild=BUILTIN_REBUILDS[layer_type],
-                                          onnx=BUILTIN_ONNX.get(layer_type)))
+                                          onnx=BUILTIN_ONNX.get(layer_type),
+                                          torch=BUILTIN_TORCH[layer_type]))

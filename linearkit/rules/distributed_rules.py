@@ -102,7 +102,9 @@ def _rule(kind: str, name: str) -> LayerRule:
         kind=kind,
         describe=lambda m: f"{name}({m.in_features}, {m.out_features}"
                            + ("" if m.bias is not None else ", bias=False") + ")",
-        output_shape=_out, cost=_cost, saved=_saved, info=_info, note=_note)
+        output_shape=_out, cost=_cost, saved=_saved, info=_info, note=_note,
+        # gather_linear reads the shard's weight, bias and split, which every subclass keeps
+        transforms=("gather_linear",), transforms_inherited=True)
 
 
 COLUMN_PARALLEL_LINEAR = _rule("column_parallel_linear", "ColumnParallelLinear")

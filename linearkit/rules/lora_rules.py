@@ -99,6 +99,7 @@ LORA_LINEAR = LayerRule(
     onnx=_onnx,
     rebuild=Rebuild(_args, _build),
     transforms=("merge_lora",),
+    transforms_inherited=True,  # merge_lora reads base_layer, lora_A, lora_B and scaling only
 )
 
 RULES = [(LoRALinear, LORA_LINEAR)]

@@ -31,7 +31,7 @@ _WHERE = {
     "merge_weights": "merge", "merge_linear": "merge",
     "fold_batchnorm_weights": "fold", "fold_layernorm_weights": "fold", "fold_norm": "fold",
     "factorize_weight": "factorization", "factorize": "factorization",
-    "rank_sweep": "factorization",
+    "rank_sweep": "factorize_sweep",
     "add_lora": "lora", "merge_lora": "lora", "extract_lora": "lora",
     "merge_lora_weights": "lora", "extract_lora_weights": "lora",
     "save_adapter": "lora_adapter", "load_adapter": "lora_adapter",

@@ -11,11 +11,11 @@ makes ``Linear(in, out)`` into ``Linear(in, r, bias=False)`` (weight ``A``) then
 ``Linear(r, out)`` (weight ``B``, the original bias), both factors equally scaled. It holds
 ``r·(in + out)`` weights instead of ``in·out``, so it saves only when ``r < in·out / (in + out)``;
 a layer where it would not save is left as it is, and the report says so with both counts.
-(Articles 002 §4.3 start the two factors from ``randn``, whose product's scale explodes with the
-width: we factor a trained weight instead.)
+(Starting the two factors from ``randn``, as some tutorials do, gives a product whose scale
+explodes with the width: we factor a trained weight instead.)
 
-``rank_sweep`` (in ``sweep.py``, importable from here) measures accuracy, size and forward
-time against the rank.
+``rank_sweep`` (``linearkit.transforms.rank_sweep``, in ``factorize_sweep.py``, which imports
+this module) measures accuracy, size and forward time against the rank.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from ..analysis.timing import same_run_seconds
 from .transform_report import TransformReport
 from .walk import copy_model, finish, linear_from, named, select_linears, set_submodule
 
-# rank_sweep and RankSweep (sweep.py) are importable from here too (module __getattr__).
 __all__ = ["factorize", "factorize_weight"]
 
 NAME = "factorize"
@@ -324,12 +323,3 @@ def _changed_line(entry: dict, layer: Linear, pair: Sequential) -> str:
     if entry["speedup"] is not None:
         line += f", {_speed(entry['speedup'])}"
     return line
-
-
-def __getattr__(name):
-    # rank_sweep lives in sweep.py (which imports this module), loaded on first use.
-    if name in ("rank_sweep", "RankSweep"):
-        from . import factorize_sweep as sweep
-
-        return getattr(sweep, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,8 +9,8 @@
 * ``LayerNorm`` then ``Linear``: the LayerNorm's affine ``gamma, beta`` folds into the Linear
   after it; the LayerNorm stays, without affine.
 * ``Linear`` (with a bias) then ``LayerNorm``: the LayerNorm subtracts each row's mean across
-  features, which removes only the bias's *mean* — not the whole bias (articles 000, 001 and 004
-  say it is cancelled; ../shared/DESIGN.md lists that among their errors). The rest,
+  features, which removes only the bias's *mean* — not the whole bias (a common claim is that
+  the LayerNorm cancels it; it does not). The rest,
   ``b - mean(b)``, shifts features unequally: it changes the centred values and the standard
   deviation the LayerNorm divides by, so it is kept.
 """
@@ -22,7 +22,7 @@ import numpy as np
 from ..layers import BatchNorm1d, LayerNorm, Linear
 from ..core.module import Module
 from ..rules import rule_for
-from .merge import _as_float64, bias_through, edit_chains, join
+from .merge import as_float64, bias_through, edit_chains, join
 from .walk import copy_model, finish, linear_from, lists, named
 
 __all__ = ["fold_batchnorm_weights", "fold_layernorm_weights", "fold_norm"]
@@ -94,11 +94,11 @@ def fold_batchnorm_weights(linear_w, linear_b, bn_rm, bn_rv, bn_eps, bn_w, bn_b)
             raise ValueError(f"{name} is None: a BatchNorm without running statistics "
                              "normalizes with each batch's own and has no fixed affine map")
         _check_vector(name, v, n, what)
-    scale = (np.ones(n) if bn_w is None else _as_float64(bn_w)) / np.sqrt(_as_float64(bn_rv) + bn_eps)
-    w = _as_float64(linear_w) * scale[:, None]
-    b = ((0.0 if linear_b is None else _as_float64(linear_b)) - _as_float64(bn_rm)) * scale
+    scale = (np.ones(n) if bn_w is None else as_float64(bn_w)) / np.sqrt(as_float64(bn_rv) + bn_eps)
+    w = as_float64(linear_w) * scale[:, None]
+    b = ((0.0 if linear_b is None else as_float64(linear_b)) - as_float64(bn_rm)) * scale
     if bn_b is not None:
-        b = b + _as_float64(bn_b)
+        b = b + as_float64(bn_b)
     dtype = _out_dtype(linear_w)
     return w.astype(dtype), b.astype(dtype)
 
@@ -147,17 +147,19 @@ def fold_layernorm_weights(ln_w, ln_b, linear_w, linear_b):
     _check_vector("ln_w", ln_w, n_in, "the Linear's in_features")
     _check_vector("ln_b", ln_b, n_in, "the Linear's in_features")
     _check_vector("linear_b", linear_b, n_out, "the Linear's out_features")
-    w64 = _as_float64(linear_w)
-    w = w64 if ln_w is None else w64 * _as_float64(ln_w)[None, :]
+    w64 = as_float64(linear_w)
+    w = w64 if ln_w is None else w64 * as_float64(ln_w)[None, :]
     dtype = _out_dtype(linear_w)
     b = bias_through(w64, ln_b, linear_b)  # the LayerNorm's beta through W, plus the bias
     return w.astype(dtype), None if b is None else b.astype(dtype)
 
 
 # ---------------------------------------------------------------- the module tier
-def _is(module: Module, cls: type) -> bool:
-    """Exactly ``cls`` (a subclass may compute something else) and its rule lists fold_norm."""
-    return type(module) is cls and lists(module, NAME)
+def _is(module: Module, kind: str) -> bool:
+    """The module's rule has ``kind`` ('linear', 'batchnorm', 'layernorm') and its own rule
+    lists fold_norm (``walk.lists``: a subclass may compute something else)."""
+    rule = rule_for(module)
+    return rule is not None and rule.kind == kind and lists(module, NAME)
 
 
 def _text(module: Module) -> str:
@@ -237,7 +239,7 @@ class _Folder:
         if bn.running_mean is not None:
             # BN(z + b) with running mean m equals BN(z) with running mean m - b, in eval; in
             # training the batch mean moves by b too, and the running update keeps the shift.
-            bn.running_mean[...] = (_as_float64(bn.running_mean) - _as_float64(b)).astype(bn.dtype)
+            bn.running_mean[...] = (as_float64(bn.running_mean) - as_float64(b)).astype(bn.dtype)
         new = _rebuilt(lin, lin.weight.data, None)
         shifted = " and shifted into its running_mean" if bn.running_mean is not None else ""
         self.changed.append(
@@ -245,7 +247,7 @@ class _Folder:
             f"mean, the bias included, so it cancels the bias exactly in training and in eval "
             f"(params {lin.out_features:,} fewer)")
         self.layers.append({"path": pa, "folded": pb, "kind": "batchnorm_bias",
-                            "bias_removed": float(np.abs(_as_float64(b)).max()) if b.size else 0.0,
+                            "bias_removed": float(np.abs(as_float64(b)).max()) if b.size else 0.0,
                             "params_before": _size(lin), "params_after": _size(new)})
         return new, False
 
@@ -291,7 +293,7 @@ class _Folder:
                              f"{ln.normalized_shape}, not the Linear's {lin.out_features} "
                              "outputs")
             return None
-        b = _as_float64(lin.bias.data)
+        b = as_float64(lin.bias.data)
         mean = float(b.mean()) if b.size else 0.0
         if mean == 0.0:
             return None
@@ -317,7 +319,7 @@ class _Folder:
         while i < len(steps) - 1:
             (na, a), (nb, b) = steps[i], steps[i + 1]
             pa, pb = join(prefix, na), join(prefix, nb)
-            if _is(a, Linear) and _is(b, BatchNorm1d):
+            if _is(a, "linear") and _is(b, "batchnorm"):
                 done = self.linear_bn(pa, a, pb, b)
                 if done is not None:
                     touched = True
@@ -325,12 +327,12 @@ class _Folder:
                     if remove:
                         del steps[i + 1]
                         continue  # the Linear's new neighbour may fold too
-            elif _is(a, LayerNorm) and _is(b, Linear):
+            elif _is(a, "layernorm") and _is(b, "linear"):
                 done = self.ln_linear(pa, a, pb, b)
                 if done is not None:
                     touched = True
                     steps[i][1], steps[i + 1][1] = done
-            elif _is(a, Linear) and _is(b, LayerNorm):
+            elif _is(a, "linear") and _is(b, "layernorm"):
                 done = self.linear_ln(pa, a, pb, b)
                 if done is not None:
                     touched = True
@@ -399,5 +401,5 @@ def fold_norm(model: Module, *, probe=None, keep_batchnorm: bool = False):
     """
     new = copy_model(model, NAME)
     folder = _Folder(new, keep_batchnorm)
-    new = edit_chains(new, folder.edit)
+    new = edit_chains(new, folder.edit, NAME)
     return new, finish(NAME, model, new, probe, folder.changed, folder.left, folder.layers)

@@ -34,9 +34,9 @@ from ..layers import Linear
 from ..layers.lora import LoRALinear
 from ..core.module import Module
 from ..core.random import resolve
-from ..rules import rule_for
+from ..rules import is_lazy, rule_for
 from .transform_report import TransformReport
-from .walk import copy_model, finish, linear_from, named, select_linears, set_submodule
+from .walk import copy_model, finish, linear_from, lists, named, select_linears, set_submodule
 
 __all__ = ["LoRAReport", "add_lora", "extract_lora", "extract_lora_weights", "merge_lora",
            "merge_lora_weights"]
@@ -56,7 +56,7 @@ class LoRAReport(TransformReport):
                 f"{self.total_params:,} ({pct:.4g}%)")
 
 
-def _lora_report(report: TransformReport, model: Module) -> LoRAReport:
+def lora_report(report: TransformReport, model: Module) -> LoRAReport:
     params = list(model.parameters())
     return LoRAReport(**{f.name: getattr(report, f.name) for f in fields(TransformReport)},
                       trainable_params=sum(p.numel() for p in params if p.requires_grad),
@@ -159,13 +159,13 @@ def extract_lora_weights(delta, rank: int, scaling: float = 1.0
 
 
 # ---------------------------------------------------------------- shared steps
-def _adapters(model: Module) -> list[tuple[str, LoRALinear]]:
-    """``(path, layer)`` of every LoRALinear whose rule lists merge_lora, in model order."""
-    return [(p, m) for p, m in model.named_modules()
-            if isinstance(m, LoRALinear) and "merge_lora" in getattr(rule_for(m), "transforms", ())]
+def adapters(model: Module) -> list[tuple[str, LoRALinear]]:
+    """``(path, layer)`` of every LoRA adapter (a layer whose rule lists merge_lora: a
+    LoRALinear), in model order."""
+    return [(p, m) for p, m in model.named_modules() if lists(m, "merge_lora")]
 
 
-def _owner(path: str, adapter_paths) -> str | None:
+def adapter_owner(path: str, adapter_paths) -> str | None:
     """The adapter that ``path`` lies inside (its base_layer, lora_A, ...), or None."""
     for owner in adapter_paths:
         if path != owner and (owner == "" or path.startswith(owner + ".")):
@@ -173,27 +173,28 @@ def _owner(path: str, adapter_paths) -> str | None:
     return None
 
 
-def _freeze_all_but_adapters(model: Module) -> None:
+def freeze_all_but_adapters(model: Module) -> None:
     """peft's default: only ``lora_A`` and ``lora_B`` train; everything else is frozen, and no
     parameter keeps a gradient copied from the input model (a frozen one would hold its buffer
     for nothing)."""
     for p in model.parameters():
         p.requires_grad = False
         p.grad = None
-    for _, m in _adapters(model):
+    for _, m in adapters(model):
         m.lora_A.requires_grad_(True)
         m.lora_B.requires_grad_(True)
 
 
-def _left_frozen(model: Module, adapted: set) -> list[str]:
+def left_frozen(model: Module, adapted: set) -> list[str]:
     """A report line for each layer with parameters of its own that got no adapter."""
     return [f"{named(p, m)}: no adapter; frozen (only the adapters train)"
             for p, m in model.named_modules()
-            if p not in adapted and _owner(p, adapted) is None
+            if p not in adapted and adapter_owner(p, adapted) is None
             and any(True for _ in m.parameters(recurse=False))]
 
 
-def _wrap(layer: Linear, rank, alpha, dropout, rng) -> LoRALinear:
+def wrap(layer: Linear, rank, alpha, dropout, rng) -> LoRALinear:
+    """``LoRALinear(layer, rank, alpha, dropout)`` in ``layer``'s training mode."""
     lora = LoRALinear(layer, rank, alpha, dropout, rng=rng)
     lora.train(layer.training)
     return lora
@@ -204,14 +205,16 @@ def _text(m: Module) -> str:
     return rule_for(m).describe_module(m)
 
 
-def _added(path: str, layer: Linear, lora: LoRALinear) -> str:
+def added_line(path: str, layer: Linear, lora: LoRALinear) -> str:
+    """The report line of an adapter added to (or loaded onto) the Linear at ``path``."""
     r, n_in, n_out = lora.rank, lora.in_features, lora.out_features
     return (f"{named(path, layer)} -> {_text(lora)}: base frozen, "
             f"+{r * (n_in + n_out):,} trainable (lora_A {r}x{n_in}, lora_B {n_out}x{r}), "
             f"scaling {lora.scaling:g}")
 
 
-def _layer_info(path: str, lora: LoRALinear, **extra) -> dict:
+def layer_info(path: str, lora: LoRALinear, **extra) -> dict:
+    """The report's ``layers`` entry of the adapter at ``path`` (plus ``extra``)."""
     return {"path": path, "rank": lora.rank, "alpha": lora.alpha, "scaling": lora.scaling,
             "dropout": lora.dropout, "in": lora.in_features, "out": lora.out_features,
             "trainable": lora.rank * (lora.in_features + lora.out_features), **extra}
@@ -224,16 +227,16 @@ def _refuse_named_non_linears(model: Module, targets, adapter_paths, transform: 
     modules = dict(model.named_modules())
     for target in [targets] if isinstance(targets, str) else list(targets):
         m = modules.get(target)
-        owner = _owner(target, adapter_paths) if m is not None else None
+        owner = adapter_owner(target, adapter_paths) if m is not None else None
         if owner is not None:
             raise ValueError(f"{transform}(): target {named(target, m)} is inside the LoRA "
                              f"adapter {named(owner, modules[owner])}: adapters do not nest; "
                              "target the adapted layer's own path after merge_lora()")
-        if m is None or type(m) is Linear:
+        if m is None or lists(m, transform):
             continue
-        if isinstance(m, LoRALinear):
+        if lists(m, "merge_lora"):
             why = "already has a LoRA adapter (merge_lora() it first to adapt it again)"
-        elif type(m).__name__ == "LazyLinear":
+        elif is_lazy(m):
             why = "is not materialized: run the model once (or load its weights) first"
         else:
             why = "is not a Linear: LoRA adapts Linear layers only"
@@ -310,11 +313,11 @@ def add_lora(model: Module, rank: int = 8, alpha: float = 16, targets=None, drop
     (560, 5670, 0.0)
     """
     new = copy_model(model, "add_lora")
-    existing = {p for p, _ in _adapters(new)}
+    existing = {p for p, _ in adapters(new)}
     _refuse_named_non_linears(new, targets, existing, "add_lora")
     chosen = []
     for path, layer in select_linears(new, targets, "add_lora"):
-        owner = _owner(path, existing)
+        owner = adapter_owner(path, existing)
         if owner is None:
             chosen.append((path, layer))
         elif targets is not None:
@@ -327,16 +330,16 @@ def add_lora(model: Module, rank: int = 8, alpha: float = 16, targets=None, drop
     gen = None if rng is None else resolve(rng)
     changed, layers, adapted = [], [], set()
     for path, layer in chosen:
-        lora = _wrap(layer, rank, alpha, dropout, gen)
+        lora = wrap(layer, rank, alpha, dropout, gen)
         new = set_submodule(new, path, lora)
-        changed.append(_added(path, layer, lora))
-        layers.append(_layer_info(path, lora))
+        changed.append(added_line(path, layer, lora))
+        layers.append(layer_info(path, lora))
         adapted.add(path)
-    _freeze_all_but_adapters(new)
+    freeze_all_but_adapters(new)
     left = [f"{named(p, m)}: already adapted; its adapter keeps training" for p, m in
-            _adapters(new) if p in existing]
-    left += _left_frozen(new, adapted | existing)
-    return new, _lora_report(finish("add_lora", model, new, probe, changed, left, layers), new)
+            adapters(new) if p in existing]
+    left += left_frozen(new, adapted | existing)
+    return new, lora_report(finish("add_lora", model, new, probe, changed, left, layers), new)
 
 
 def merge_lora(adapted: Module, *, probe=None) -> tuple[Module, TransformReport]:
@@ -373,7 +376,7 @@ def merge_lora(adapted: Module, *, probe=None) -> tuple[Module, TransformReport]
     (Linear(in_features=8, out_features=4, bias=True), 0.0)
     """
     new = copy_model(adapted, "merge_lora")
-    found = _adapters(new)
+    found = adapters(new)
     if not found:
         raise ValueError(f"merge_lora(): {named('', new)} holds no LoRALinear layer, so there "
                          "is nothing to merge (add_lora, extract_lora or load_adapter make them)")
@@ -400,7 +403,7 @@ def merge_lora(adapted: Module, *, probe=None) -> tuple[Module, TransformReport]
 
 # ---------------------------------------------------------------- extract
 def _refuse_adapters(model: Module, which: str) -> None:
-    found = _adapters(model)
+    found = adapters(model)
     if found:
         path, m = found[0]
         raise ValueError(f"extract_lora(): {which} holds LoRA adapters ({named(path, m)}): "
@@ -497,7 +500,7 @@ def extract_lora(tuned: Module, base: Module, rank: int, *, alpha: float | None 
         core = linear_from(ref.weight.data, None if layer.bias is None else layer.bias.data,
                            layer.dtype)
         core.train(layer.training)
-        lora = _wrap(core, rank, alpha, 0.0, np.random.default_rng(0))
+        lora = wrap(core, rank, alpha, 0.0, np.random.default_rng(0))
         a, b, energy = extract_lora_weights(delta, lora.rank, lora.scaling)
         lora.lora_A.weight.data[...] = a
         lora.lora_B.weight.data[...] = b
@@ -517,7 +520,7 @@ def extract_lora(tuned: Module, base: Module, rank: int, *, alpha: float | None 
                          "there is no fine-tune to extract" + (f" ({'; '.join(left)})"
                                                                if left else ""))
     for path, m in new.named_modules():
-        if path in adapted or _owner(path, adapted) is not None or path not in base_modules:
+        if path in adapted or adapter_owner(path, adapted) is not None or path not in base_modules:
             continue
         own = dict(m.named_parameters(recurse=False))
         ref = dict(base_modules[path].named_parameters(recurse=False))
@@ -525,6 +528,6 @@ def extract_lora(tuned: Module, base: Module, rank: int, *, alpha: float | None 
                 and not any(path == q for q, _ in chosen):
             left.append(f"{named(path, m)}: differs from the base but is not an adapter "
                         "target: tuned's values kept")
-    _freeze_all_but_adapters(new)
+    freeze_all_but_adapters(new)
     report = finish("extract_lora", tuned, new, probe, changed, left, layers)
-    return new, _lora_report(report, new)
+    return new, lora_report(report, new)

@@ -12,21 +12,19 @@ import os
 import numpy as np
 
 from ..errors import FormatError
-from ..layers import Linear
-from ..layers.lora import LoRALinear
 from ..core.module import Module
 from .lora import (
     LoRAReport,
-    _adapters,
-    _added,
-    _freeze_all_but_adapters,
-    _layer_info,
-    _left_frozen,
-    _lora_report,
-    _owner,
-    _wrap,
+    adapter_owner,
+    adapters,
+    added_line,
+    freeze_all_but_adapters,
+    layer_info,
+    left_frozen,
+    lora_report,
+    wrap,
 )
-from .walk import copy_model, finish, named, set_submodule
+from .walk import copy_model, finish, lists, named, set_submodule
 
 __all__ = ["ADAPTER_FORMAT", "ADAPTER_KEY", "load_adapter", "save_adapter"]
 
@@ -50,7 +48,7 @@ def save_adapter(model: Module, path: str | os.PathLike) -> str:
 
     Raises ValueError when the model holds no adapter.
     """
-    found = _adapters(model) if isinstance(model, Module) else []
+    found = adapters(model) if isinstance(model, Module) else []
     if not found:
         raise ValueError(f"save_adapter(): {type(model).__name__} holds no LoRALinear layer: "
                          "nothing to save (add_lora first)")
@@ -156,22 +154,23 @@ def load_adapter(base: Module, path: str | os.PathLike, *, probe=None
                           f"(an adapter file holds only lora_A/lora_B of {targets})", path=path,
                           hint="a whole model file loads with linearkit.load_model")
     modules = dict(new.named_modules())
-    existing = {p for p, _ in _adapters(new)}
+    existing = {p for p, _ in adapters(new)}
     plan = []
     for target in targets:
         key_a = f"{target}.lora_A.weight" if target else "lora_A.weight"
         key_b = f"{target}.lora_B.weight" if target else "lora_B.weight"
         layer = modules.get(target)
-        if layer is None or _owner(target, existing) is not None:
-            there = ", ".join(repr(p) for p, m in modules.items() if type(m) is Linear) or "none"
+        if layer is None or adapter_owner(target, existing) is not None:
+            there = ", ".join(repr(p) for p, m in modules.items()
+                              if lists(m, "add_lora")) or "none"
             raise FormatError(f"tensor {key_a!r}: the base model has no layer {target!r} to "
                               f"adapt; its Linear layers are: {there}", path=path,
                               hint="load the adapter onto the base model it was trained on")
-        if type(layer) is not Linear:
+        if not lists(layer, "add_lora"):  # a plain Linear: its own rule lists add_lora
             raise FormatError(f"tensor {key_a!r}: layer {named(target, layer)} of the base "
                               "model is not a plain Linear", path=path,
-                              hint=("merge_lora() the model first" if isinstance(
-                                  layer, LoRALinear) else "load it onto the base model it "
+                              hint=("merge_lora() the model first" if lists(
+                                  layer, "merge_lora") else "load it onto the base model it "
                                   "was trained on"))
         entry = per_layer[target]
         rank = tensors[key_a].shape[0] if key_a in tensors and tensors[key_a].ndim == 2 else 0
@@ -184,7 +183,7 @@ def load_adapter(base: Module, path: str | os.PathLike, *, probe=None
     changed, layers, adapted = [], [], set()
     for target, layer, entry, a, b in plan:
         try:
-            lora = _wrap(layer, entry["rank"], entry["alpha"], entry["dropout"],
+            lora = wrap(layer, entry["rank"], entry["alpha"], entry["dropout"],
                          np.random.default_rng(0))
         except (TypeError, ValueError) as err:
             raise FormatError(f"the adapter of layer {target!r} cannot be built: {err}",
@@ -193,9 +192,9 @@ def load_adapter(base: Module, path: str | os.PathLike, *, probe=None
         lora.lora_B.weight.data[...] = b
         new = set_submodule(new, target, lora)
         adapted.add(target)
-        changed.append(_added(target, layer, lora).replace("base frozen, +", "loaded, +"))
-        layers.append(_layer_info(target, lora))
-    _freeze_all_but_adapters(new)
-    left = _left_frozen(new, adapted | existing)
+        changed.append(added_line(target, layer, lora).replace("base frozen, +", "loaded, +"))
+        layers.append(layer_info(target, lora))
+    freeze_all_but_adapters(new)
+    left = left_frozen(new, adapted | existing)
     report = finish("load_adapter", base, new, probe, changed, left, layers)
-    return new, _lora_report(report, new)
+    return new, lora_report(report, new)

@@ -4,9 +4,8 @@ Two affine maps applied in turn are one affine map::
 
     y = (x W1ᵀ + b1) W2ᵀ + b2 = x (W2 W1)ᵀ + (W2 b1 + b2)
 
-The product is ``W2 @ W1`` — the second layer's weight on the left. (Articles 004 §1.3 write
-``x(W1W2)ᵀ``: the wrong order, which only type-checks for square layers; ../shared/DESIGN.md
-lists it among the articles' known errors.)
+The product is ``W2 @ W1`` — the second layer's weight on the left. (Some tutorials write
+``x(W1W2)ᵀ``: the wrong order, which only type-checks for square layers.)
 
 Merging saves work only when the run does not pass through a narrow middle: ``Linear(d, r)``
 then ``Linear(r, d)`` holds ``2dr + r + d`` values, the merged ``Linear(d, d)`` ``d² + d``. So
@@ -22,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..layers import LazyLinear, Linear, Sequential
+from ..layers import Linear, Sequential
 from ..core.module import Module
-from ..rules import rule_for
+from ..rules import is_lazy, own_rule, rule_for
 from .walk import copy_model, finish, linear_from, lists, named, set_submodule
 
 __all__ = ["merge_linear", "merge_weights"]
@@ -33,7 +32,8 @@ NAME = "merge_linear"
 
 
 # ---------------------------------------------------------------- the array tier
-def _as_float64(a) -> np.ndarray:
+def as_float64(a) -> np.ndarray:
+    """``a`` as a float64 array (the transforms' arithmetic is float64, cast back at the end)."""
     return np.asarray(a, dtype=np.float64)
 
 
@@ -42,15 +42,15 @@ def bias_through(w2_64: np.ndarray, b1, b2) -> np.ndarray | None:
     (``w2_64`` float64 ``(out, mid)``; a missing bias counts as zeros; None when both are)."""
     if b1 is None and b2 is None:
         return None
-    b = np.zeros(w2_64.shape[0]) if b1 is None else w2_64 @ _as_float64(b1)
-    return b if b2 is None else b + _as_float64(b2)
+    b = np.zeros(w2_64.shape[0]) if b1 is None else w2_64 @ as_float64(b1)
+    return b if b2 is None else b + as_float64(b2)
 
 
 def merge_weights(w1, b1, w2, b2):
     """Two affine maps ``y = (x W1ᵀ + b1) W2ᵀ + b2`` as one: ``(W, b)`` with ``y = x Wᵀ + b``.
 
     ``W = W2 @ W1`` and ``b = W2 @ b1 + b2`` — in that order: the layer applied second is on
-    the left (not ``W1 @ W2``, as articles 004 §1.3 write).
+    the left (not ``W1 @ W2``, as some tutorials write).
 
     Parameters
     ----------
@@ -110,8 +110,8 @@ def merge_weights(w1, b1, w2, b2):
             raise ValueError(f"{name} has shape {np.shape(b)}, but {weight} has {n} outputs: "
                              f"{name} must be ({n},) or None")
     dtype = w1.dtype if np.issubdtype(w1.dtype, np.floating) else np.dtype(np.float64)
-    w2_64 = _as_float64(w2)
-    w = w2_64 @ _as_float64(w1)
+    w2_64 = as_float64(w2)
+    w = w2_64 @ as_float64(w1)
     b = bias_through(w2_64, b1, b2)
     return w.astype(dtype), None if b is None else b.astype(dtype)
 
@@ -122,16 +122,24 @@ def join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def edit_chains(root: Module, edit) -> Module:
-    """Call ``edit(path, steps)`` on every plain ``Sequential`` in ``root``, innermost first.
+def is_chain(module: Module, transform: str) -> bool:
+    """Whether ``transform`` edits ``module``'s steps as one chain: its rule's kind is
+    'sequential' and its own rule lists the transform (a plain ``Sequential``; a subclass may
+    call its steps differently and is not edited)."""
+    rule = rule_for(module)
+    return rule is not None and rule.kind == "sequential" and lists(module, transform)
+
+
+def edit_chains(root: Module, edit, transform: str = NAME) -> Module:
+    """Call ``edit(path, steps)`` on every chain ``transform`` edits (``is_chain``: a plain
+    ``Sequential``) in ``root``, innermost first.
 
     ``steps`` is the chain's ``[(name, module), ...]`` in call order. Where ``edit`` returns a
-    new list, the Sequential is rebuilt from an OrderedDict of it (the names kept, the training
-    mode kept) and put back at its path; None leaves it as it is. Returns the root (a new one
-    when the root itself was rebuilt). A Sequential subclass may compute something else and is
-    not edited.
+    new list, the chain is rebuilt as a Sequential from an OrderedDict of it (the names kept,
+    the training mode kept) and put back at its path; None leaves it as it is. Returns the root
+    (a new one when the root itself was rebuilt).
     """
-    chains = [(path, m) for path, m in root.named_modules() if type(m) is Sequential]
+    chains = [(path, m) for path, m in root.named_modules() if is_chain(m, transform)]
     for path, seq in reversed(chains):  # reversed pre-order: every chain before its parents
         steps = edit(path, seq.named_steps())
         if steps is None:
@@ -145,20 +153,20 @@ def edit_chains(root: Module, edit) -> Module:
 # ---------------------------------------------------------------- what may stand in a run
 def _role(module: Module) -> tuple[str, str]:
     """``('linear' | 'lazy' | 'pass' | 'stop', why)``: how ``module`` counts in a run."""
-    if isinstance(module, LazyLinear):  # a materialized one *is* a Linear
+    if is_lazy(module):  # a materialized one *is* a Linear
         return "lazy", ("is not materialized (its in_features is unknown): run the model on "
                         "an input once, or load its weights, first")
     rule = rule_for(module)
     kind = rule.kind if rule is not None else None
-    if type(module) is Linear:
-        if lists(module, NAME):
-            return "linear", ""
-        return "stop", f"is a Linear whose layer rule does not list {NAME}"
+    if kind == "linear" and lists(module, NAME):  # a plain Linear (its own rule lists it)
+        return "linear", ""
     if kind in ("identity", "dropout") and lists(module, NAME):
         if kind == "dropout" and module.training and module.p:
             return "stop", "drops at random in training mode: call eval() first"
         return "pass", ""
     if kind == "linear":
+        if own_rule(module) is rule:
+            return "stop", f"is a {type(module).__name__} whose layer rule does not list {NAME}"
         return "stop", (f"is a {type(module).__name__}, not a plain Linear: its forward may "
                         "compute something else")
     why = {
@@ -296,8 +304,8 @@ class _Chain:
 def _merge_group(chain: _Chain, group: list, index: dict) -> tuple[Linear, dict, str]:
     """The merged Linear of ``group`` (units of one run), its report dict and changed line."""
     layers = [chain.steps[index[p]][1] for u in group for p in u.paths]
-    w = _as_float64(layers[0].weight.data)
-    b = None if layers[0].bias is None else _as_float64(layers[0].bias.data)
+    w = as_float64(layers[0].weight.data)
+    b = None if layers[0].bias is None else as_float64(layers[0].bias.data)
     for layer in layers[1:]:
         w, b = merge_weights(w, b, layer.weight.data,
                              None if layer.bias is None else layer.bias.data)
@@ -356,7 +364,7 @@ def _named_runs(model: Module, only) -> dict:
     """``{chain path: [[step index, ...], ...]}`` for ``only=[(first, last), ...]``; a
     ValueError naming the layer and why for a run that is not one linear map."""
     modules = dict(model.named_modules())
-    chains = {p: _Chain(p, m.named_steps()) for p, m in modules.items() if type(m) is Sequential}
+    chains = {p: _Chain(p, m.named_steps()) for p, m in modules.items() if is_chain(m, NAME)}
     pairs = [only] if (isinstance(only, tuple) and len(only) == 2
                        and all(isinstance(p, str) for p in only)) else list(only)
     wanted, taken = {}, {}
@@ -368,7 +376,8 @@ def _named_runs(model: Module, only) -> dict:
         first, last = pair
         for p in (first, last):
             if p not in modules:
-                there = ", ".join(repr(q) for q, m in modules.items() if type(m) is Linear)
+                there = ", ".join(repr(q) for q, m in modules.items()
+                                  if _role(m)[0] == "linear")
                 raise ValueError(f"{NAME}(only=...): no layer at path {p!r}; the model's Linear "
                                  f"layers are: {there or 'none'}")
         parent, parent_last = first.rpartition(".")[0], last.rpartition(".")[0]

@@ -1,5 +1,10 @@
 """What the module-level transforms share: copying, choosing target layers, replacing a layer
-by its path, building a Linear from arrays, and writing the report."""
+by its path, building a Linear from arrays, and writing the report.
+
+Which layers a transform may edit is the layer rules' answer (``LayerRule.transforms``, asked
+through ``linearkit.rules.transforms_for``), never a class check here: a Linear's rule lists
+'factorize', 'quantize', ...; a subclass of Linear has none of them unless its own rule says so.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,10 @@ import fnmatch
 
 import numpy as np
 
-from ..layers import LazyLinear, Linear
+from ..layers import Linear
 from ..layers.linear import linear_from
 from ..core.module import Module
-from ..rules import rule_for
+from ..rules import is_lazy, rule_for, transforms_for
 from .transform_report import TransformReport, compare_models, probe_inputs, state_size
 
 __all__ = ["copy_model", "finish", "linear_from", "lists", "named", "select_linears",
@@ -36,11 +41,13 @@ def named(path: str, module: Module) -> str:
     return f"'{path}' ({text})" if path else f"the model ({text})"
 
 
-def lists(module: Module, transform: str) -> bool:
-    """Whether ``module``'s layer rule lists ``transform`` (a transform touches nothing else);
-    ``transform`` may carry a call's text ('quantize(int8)')."""
+def lists(module, transform: str) -> bool:
+    """Whether ``module``'s layer rule lists ``transform`` (a transform touches nothing else;
+    ``rules.transforms_for``: a subclass without a rule of its own is not listed unless its
+    base's rule says ``transforms_inherited``); ``transform`` may carry a call's text
+    ('quantize(int8)'). False for anything that is not a module with a rule."""
     name = transform.split("(")[0].strip()
-    return name in (getattr(rule_for(module), "transforms", None) or ())
+    return name in transforms_for(module)
 
 
 def _matches(path: str, target: str) -> bool:
@@ -63,7 +70,8 @@ def _owner(model: Module, path: str) -> str | None:
 
 def select_linears(model: Module, targets, transform: str) -> list[tuple[str, Linear]]:
     """``(path, layer)`` of every plain ``Linear`` in ``model`` that ``targets`` names, for
-    ``transform`` (its name, as listed in the layer rule's ``transforms``).
+    ``transform`` (its name, as listed in the layer rule's ``transforms``: the layers whose own
+    rule lists it, which for the shipped layers is exactly ``Linear``).
 
     ``targets``: None (all of them), or a path / list of paths, each matching a layer's path
     exactly, its last components (``'fc1'`` matches ``'encoder.fc1'``, as peft's
@@ -71,10 +79,9 @@ def select_linears(model: Module, targets, transform: str) -> list[tuple[str, Li
     ValueError listing the layers there are. The Linears inside another layer (a LoRALinear's
     base and adapters) are parts of that layer, never targets.
     """
-    # Exactly Linear (a subclass may compute something else), and only where its rule lists
-    # the transform (a user's rule can take a layer type out of it).
-    found = [(path, m) for path, m in model.named_modules()
-             if type(m) is Linear and lists(m, transform)]
+    # Only where the layer's own rule lists the transform: a subclass may compute something
+    # else, and a user's rule can take a layer type out of it.
+    found = [(path, m) for path, m in model.named_modules() if lists(m, transform)]
     linears = [(path, m) for path, m in found if _owner(model, path) is None]
     if targets is None:
         return linears
@@ -105,8 +112,7 @@ def set_submodule(root: Module, path: str, module: Module) -> Module:
     if not path:
         return module
     parent_path, _, name = path.rpartition(".")
-    parent = dict(root.named_modules(remove_duplicate=False))[parent_path]
-    parent.add_module(name, module)
+    root.get_submodule(parent_path).add_module(name, module)
     return root
 
 
@@ -122,13 +128,13 @@ def finish(transform: str, old: Module, new: Module, probe, changed: list, left:
     """
     params_before, bytes_before = state_size(old)
     params_after, bytes_after = state_size(new)
-    lazy = [path for path, m in old.named_modules() if isinstance(m, LazyLinear)]
+    lazy = [path for path, m in old.named_modules() if is_lazy(m)]
     if lazy:
         old, new = copy.deepcopy(old), copy.deepcopy(new)
         for seed, path in enumerate(lazy):
             for twin in (old, new):
                 layer = dict(twin.named_modules()).get(path)
-                if isinstance(layer, LazyLinear):
+                if layer is not None and is_lazy(layer):
                     layer.reset_parameters(np.random.default_rng(seed))
     max_abs, max_rel = compare_models(old, new, probe_inputs(old, probe))
     return TransformReport(transform, max_abs, max_rel, params_before, params_after,

@@ -159,8 +159,8 @@ def _rank_finding(row: Row, w: np.ndarray, max_elements: int = 1 << 20) -> Findi
     k = min(n_out, n_in)
     if k < 2 or w.size > max_elements:
         return None
-    # Singular values from the eigenvalues of the k x k Gram matrix, in float64: ~10x cheaper
-    # than an SVD and exact enough for these thresholds (it resolves s down to ~1e-8 * s_max).
+    # Singular values from the eigenvalues of the k x k Gram matrix, in float64: cheaper than an
+    # SVD and exact enough for these thresholds (it resolves s down to ~1e-8 * s_max).
     w64 = np.asarray(w, dtype=np.float64)
     gram = w64 @ w64.T if n_out <= n_in else w64.T @ w64
     if not np.all(np.isfinite(gram)):

@@ -6,19 +6,18 @@ backward is not estimated but measured: ``torch.autograd.graph.saved_tensors_hoo
 tensor saved during one forward, which is charged to the innermost module running, each storage
 once, parameters excluded. The model is left as it was: buffers (BatchNorm running statistics)
 are restored, the RNG is forked, a model with lazy modules is run on a copy.
-torch is imported only here.
+torch is imported only here. A torch module is costed with the rule of the linearkit layer
+whose torch twin it is (``linearkit.rules.torch_twin_of``; the shipped twins are in
+``linearkit/rules/torch_rules.py``): the rules' costs read only attributes both sides share.
 """
 
 from __future__ import annotations
 
 import copy
 
-from ... import layers
 from ...errors import ShapeError
-from ...rules import rule_for
+from ...rules import rule_for, torch_twin_of
 from .accumulator import Acc
-from .costs import ELEMENTWISE_FLOPS
-from .report import linear_text
 
 __all__ = ["torch_pass"]
 
@@ -37,43 +36,22 @@ def _first_tensor(out, torch):
 
 
 def _describe(m, nn) -> tuple[str, str]:
-    """(type text, kind) of a torch module."""
-    if isinstance(m, nn.Linear) and not isinstance(m, nn.LazyLinear):
-        return linear_text(m.in_features, m.out_features, m.bias is not None), "linear"
-    if isinstance(m, nn.LazyLinear):
-        return f"LazyLinear(?, {m.out_features})", "linear"
-    if isinstance(m, nn.LayerNorm):
-        return f"LayerNorm({tuple(m.normalized_shape)})", "layernorm"
-    if isinstance(m, nn.BatchNorm1d):
-        return f"BatchNorm1d({m.num_features})", "batchnorm"
-    if isinstance(m, nn.Dropout):
-        return f"Dropout(p={m.p})", "dropout"
-    if isinstance(m, nn.Flatten):
-        return "Flatten", "flatten"
-    if isinstance(m, nn.Identity):
-        return "Identity", "identity"
-    if isinstance(m, nn.Sequential):
-        return "Sequential", "sequential"
-    name = type(m).__name__
-    if name in ELEMENTWISE_FLOPS and type(m).__module__.startswith("torch.nn"):
-        return name, "activation"
-    return name, "container" if any(True for _ in m.children()) else "unknown"
-
-
-# The linearkit twin whose rule costs a torch module of each kind (an activation's twin has its
-# class name). The rules' costs read only attributes both share: in_features, weight, bias,
-# requires_grad, training, p, running_mean/var.
-_TWINS = {"linear": layers.Linear, "layernorm": layers.LayerNorm,
-          "batchnorm": layers.BatchNorm1d, "dropout": layers.Dropout, "flatten": layers.Flatten,
-          "identity": layers.Identity, "sequential": layers.Sequential}
+    """(type text, kind) of a torch module: its twin's text and its linearkit rule's kind, or
+    its class name and 'container' (it has children) / 'unknown'."""
+    twin = torch_twin_of(m)
+    rule = None if twin is None else rule_for(twin[0])
+    if rule is not None:
+        layer_type, found = twin
+        return found.text(m, layer_type), rule.kind
+    return type(m).__name__, "container" if any(True for _ in m.children()) else "unknown"
 
 
 def _cost(m, kind, xs, need_dx):
     """The cost of torch module ``m`` of ``kind``, by its linearkit twin's rule; None: no rule."""
     if kind == "container":
         return (0,) * 6  # a torch container's own share; its children are rows of their own
-    twin = getattr(layers, type(m).__name__, None) if kind == "activation" else _TWINS.get(kind)
-    rule = None if twin is None else rule_for(twin)
+    twin = torch_twin_of(m)
+    rule = None if twin is None else rule_for(twin[0])
     return None if rule is None or rule.cost is None else rule.cost(m, xs, need_dx)
 
 
