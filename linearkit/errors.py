@@ -8,7 +8,7 @@ names the module's path in the model they called (``classifier.2``), not just it
 from __future__ import annotations
 
 
-class _Located(Exception):
+class Located(Exception):
     """Mixin: a message that names the module path, resolved against the outermost caller."""
 
     def __init__(self, message: str, *, module=None, hint: str | None = None):
@@ -21,6 +21,11 @@ class _Located(Exception):
     def locate(self, root) -> None:
         """Record ``root`` as the model the user called; the outermost call wins."""
         self.root = root
+
+    def with_root(self, root):
+        """``locate(root)``, then the error itself (to re-raise it in one expression)."""
+        self.locate(root)
+        return self
 
     @property
     def path(self) -> str | None:
@@ -45,7 +50,7 @@ class _Located(Exception):
         return text
 
 
-class ShapeError(_Located, ValueError):
+class ShapeError(Located, ValueError):
     """An input, gradient or state-dict entry has a shape the module cannot take."""
 
 
@@ -54,15 +59,15 @@ class DimError(ShapeError, IndexError):
     (and as NumPy's AxisError is both)."""
 
 
-class DTypeError(_Located, TypeError):
+class DTypeError(Located, TypeError):
     """An input's dtype does not match the module's parameters (linearkit never promotes silently)."""
 
 
-class BackwardError(_Located, RuntimeError):
+class BackwardError(Located, RuntimeError):
     """A backward closure was misused (called twice)."""
 
 
-class AnomalyError(_Located, FloatingPointError):
+class AnomalyError(Located, FloatingPointError):
     """Raised inside ``linearkit.detect_anomaly()`` when a module first produces NaN or Inf."""
 
 

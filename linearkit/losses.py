@@ -22,7 +22,7 @@ import numpy as np
 
 from .backend import fast
 from . import functional as F
-from .errors import DTypeError, ShapeError, _Located
+from .errors import DTypeError, ShapeError, Located
 from .core.module import Module
 
 __all__ = ["BCEWithLogitsLoss", "CrossEntropyLoss", "L1Loss", "MSELoss"]
@@ -30,7 +30,7 @@ __all__ = ["BCEWithLogitsLoss", "CrossEntropyLoss", "L1Loss", "MSELoss"]
 _REDUCTIONS = ("mean", "sum", "none")
 
 
-class _LossValueError(_Located, ValueError):
+class _LossValueError(Located, ValueError):
     """A target value (not its shape or dtype) the loss cannot take; names the loss."""
 
 
@@ -66,6 +66,12 @@ class _Loss(Module):
 
     def _run(self, pred, target):  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def mean_weights(self, target) -> np.ndarray | None:
+        """Each sample's share of the ``'mean'`` reduction's denominator, ``(B,)`` float64, for
+        a loss whose mean is not over the batch's rows; None when every row counts 1 (what
+        gradient accumulation splits a batch's mean by)."""
+        return None
 
     # ------------------------------------------------------------------ checks
     def _pred(self, pred) -> np.ndarray:
@@ -305,6 +311,22 @@ class CrossEntropyLoss(_Loss):
             raise ValueError(f"CrossEntropyLoss: label_smoothing must be in [0, 1], got "
                              f"{label_smoothing}")
         self.label_smoothing = label_smoothing
+
+    def mean_weights(self, target) -> np.ndarray | None:
+        """Each row's share of the ``'mean'`` denominator for class-index targets ``(B, *)``:
+        the class weights of its targets (1 each without ``weight``), 0 for ``ignore_index``;
+        None for class probabilities (every row counts 1)."""
+        target = np.asarray(target)
+        if target.dtype.kind not in "iu":
+            return None
+        t = target.reshape(len(target), -1).astype(np.intp)
+        keep = t != self.ignore_index
+        w = self.weight
+        if w is None:
+            return keep.sum(axis=1).astype(np.float64)
+        w = np.asarray(w, np.float64)
+        safe = np.clip(np.where(keep, t, 0), 0, max(len(w) - 1, 0))  # the loss checks range
+        return (w[safe] * keep).sum(axis=1) if len(w) else np.zeros(len(target))
 
     # ------------------------------------------------------------------ target checks
     def _target_error(self, x: np.ndarray, target: np.ndarray, index_shape: tuple) -> Exception:

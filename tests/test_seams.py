@@ -16,9 +16,8 @@ The source checks parse every module of ``linearkit`` (``ast``, not a text grep:
 * ``from <module> import _private`` across modules, and ``module._private`` reached through an
   imported linearkit module.
 
-``linearkit/runtime/`` is exempt (its own refactor owns its reaches), and so are the modules
-being moved out of the package. What remains outside this seam's files is listed in
-``PENDING``, each with its fix; a new violation anywhere fails.
+``linearkit/runtime/`` is exempt: it is the one place that decides how a model runs, and knows
+the layers it routes. A violation anywhere else fails.
 
 The last tests check the seams themselves: each built-in layer's torch twin round-trips through
 ``to_torch``/``from_torch`` against the real torch class, and the import graph has no layer
@@ -50,35 +49,16 @@ from linearkit.rules import (
 PACKAGE = pathlib.Path(lk.__file__).parent
 ROOT = PACKAGE.parent
 
-#: Not checked at all: the runtime's own refactor, and the modules moving out of the package.
-EXEMPT = ("linearkit/runtime/", "linearkit/experiments/",
-          "linearkit/analysis/checkpoint_measure.py", "linearkit/transforms/sparse_timing.py",
-          "linearkit/transforms/factorize_claims.py")
-#: Where class-identity checks on layer classes belong: the classes themselves and their rules.
-CLASS_CHECKS_ALLOWED = ("linearkit/layers/", "linearkit/rules/")
+#: Not checked at all: the runtime, the one place that knows every layer it routes.
+EXEMPT = ("linearkit/runtime/",)
+#: Where class-identity checks on layer classes belong: the classes themselves and their rules
+#: (a room's own layers' rules included: distributed registers its parallel layers' there).
+CLASS_CHECKS_ALLOWED = ("linearkit/layers/", "linearkit/rules/", "linearkit/distributed/rules.py")
 #: The private fields of other objects nobody outside the defining class's file touches.
 PRIVATE_FIELDS = ("_parameters", "_modules", "_buffers", "_hooks", "_rng")
 
-#: Violations in files outside this seam's change, each ``(path, rule, what)`` with its fix;
-#: delete an entry when its file is fixed (a new violation is never added here).
-PENDING = {
-    # linearkit/errors.py: give the mixin a public name (``Located``) and import that.
-    ("linearkit/core/module.py", "private-import", "linearkit.errors._Located"),
-    ("linearkit/core/vjp_protocol.py", "private-import", "linearkit.errors._Located"),
-    ("linearkit/layers/quantized.py", "private-import", "linearkit.errors._Located"),
-    ("linearkit/analysis/ledger/custom.py", "private-import", "linearkit.errors._Located"),
-    ("linearkit/analysis/ledger/linearkit_model.py", "private-import",
-     "linearkit.errors._Located"),
-    ("linearkit/losses.py", "private-import", "linearkit.errors._Located"),
-    # backend/fast: make adam_kernel's kernel public (``adam``) for step_kernel.
-    ("linearkit/backend/fast/step_kernel.py", "private-import",
-     "linearkit.backend.fast.adam_kernel._adam"),
-    # core/vjp_protocol.py: module.named_parameters(recurse=False, remove_duplicate=False).
-    ("linearkit/core/vjp_protocol.py", "private-field", "module._parameters"),
-    # training/: ask the rules (a 'sequential' kind; the loss's own attributes) instead.
-    ("linearkit/training/accumulation.py", "class-check", "CrossEntropyLoss"),
-    ("linearkit/training/checkpointing.py", "class-check", "Sequential"),
-}
+#: Known violations (none left): ``(path, rule, what)``.
+PENDING: set = set()
 
 
 # ------------------------------------------------------------------ reading the package

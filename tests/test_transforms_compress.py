@@ -9,7 +9,8 @@ import pytest
 
 import linearkit as lk
 from linearkit.cli.commands import main
-from linearkit.transforms.pipeline import compress, load_any
+from linearkit.io.convert import load_any
+from linearkit.transforms.pipeline import compress
 
 
 def _model():

@@ -334,7 +334,8 @@ def _convert(args: argparse.Namespace) -> int:
 def _compress(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from ..transforms.pipeline import compress, load_any
+    from ..io.convert import load_any
+    from ..transforms.pipeline import compress
 
     _need_cli_extra("compress")
     for path in [args.source] + ([args.arch] if args.arch else []) + (

@@ -21,7 +21,7 @@ from . import anomaly as _anomaly
 from . import closures as _closures
 from . import hooks as _hooks
 from .. import precision as _precision
-from ..errors import _Located
+from ..errors import Located
 from .parameter import Parameter
 from .vjp_protocol import check_finite, guarded_vjp
 
@@ -521,7 +521,7 @@ class Module:
             args, kwargs = _hooks.run_forward_pre(self, args, kwargs)
         try:
             y = self.forward(*args, **kwargs)
-        except _Located as err:
+        except Located as err:
             err.locate(self)
             raise
         if _anomaly.enabled:

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import anomaly as _anomaly
 from . import hooks as _hooks
-from ..errors import AnomalyError, BackwardError, ShapeError, _Located
+from ..errors import AnomalyError, BackwardError, ShapeError, Located
 
 __all__ = ["check_backward", "check_finite", "dy_shape_error", "guarded_vjp"]
 
@@ -32,7 +32,7 @@ def guarded_vjp(vjp: Callable) -> Callable:
             args, kwargs = _hooks.run_forward_pre(self, args, kwargs)
         try:
             y, backward = vjp(self, *args, **kwargs)
-        except _Located as err:
+        except Located as err:
             err.locate(self)
             raise
         if _anomaly.enabled:
@@ -65,7 +65,7 @@ def guarded_vjp(vjp: Callable) -> Callable:
                 grad = _hooks.run_backward_pre(self, grad)
             try:
                 dx = backward(*grad)
-            except _Located as err:
+            except Located as err:
                 err.locate(self)
                 raise
             if _anomaly.enabled:
@@ -121,14 +121,7 @@ def check_backward(module, dx) -> None:
     """``detect_anomaly``'s checks after ``module``'s backward: its input gradient ``dx`` and
     each of its own parameters' ``.grad`` (an AnomalyError naming the module and which)."""
     check_finite(module, dx, "backward (input gradient)")
-    for name, p in module._parameters.items():
-        if p is not None and p.grad is not None:
+    for name, p in module.named_parameters(recurse=False, remove_duplicate=False):
+        if p.grad is not None:
             check_finite(module, p.grad, f"backward (gradient of {name})")
 
-
-def _with_root(self, root):
-    self.locate(root)
-    return self
-
-
-_Located.with_root = _with_root

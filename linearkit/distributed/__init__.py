@@ -40,6 +40,9 @@ from .reducer import (
 from .sampler import DistributedSampler, shard_indices
 from .sharding import gather_linear, parallel_mlp, shard_linear
 from .data_parallel import shard_batch, step
+from .rules import register_rules as _register_rules
+
+_register_rules()
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "DEFAULT_TIMEOUT", "ColumnParallelLinear",
            "DistributedSampler", "GradientReducer", "RowParallelLinear", "abort",

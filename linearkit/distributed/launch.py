@@ -52,10 +52,9 @@ def rank_environment(ranks: int) -> dict:
     """This environment, plus: linearkit importable in the ranks (its folder on PYTHONPATH),
     BLAS threads split between the ranks (``cores // ranks``) unless already set, and numba's
     error colouring off."""
-    import linearkit
-
     env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(linearkit.__file__)))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))    # linearkit/
+    root = os.path.dirname(package)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     threads = str(max(1, (os.cpu_count() or 1) // ranks))
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):

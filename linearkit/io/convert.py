@@ -18,7 +18,7 @@ import os
 from ..errors import FormatError
 from .atomic import write_atomically
 
-__all__ = ["FORMATS", "convert"]
+__all__ = ["FORMATS", "convert", "load_any"]
 
 FORMATS = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".onnx": "onnx"}
 
@@ -77,3 +77,40 @@ def convert(source, target, *, input_shape=None) -> str:
         raise FormatError(f"cannot convert {src} to {dst}", path=source,
                           hint="supported: safetensors <-> pt, safetensors <-> onnx")
     return target
+
+
+def load_any(path: str, architecture: str | None = None):
+    """A linearkit model from ``path``: a self-describing .safetensors (``linearkit.save``), an
+    ONNX MLP (``import_onnx``), or a PyTorch state dict (.pt/.pth, read without unpickling) put
+    into the architecture of ``architecture`` (a linearkit model file whose layers match).
+
+    Raises FormatError naming the file for anything else.
+    """
+    from .model_file import load_model
+
+    kind = FORMATS.get(os.path.splitext(path)[1].lower())
+    if kind == "safetensors":
+        return load_model(path)
+    if kind == "onnx":
+        from .onnx_import import import_onnx
+
+        return import_onnx(path)
+    if kind == "torch":
+        if architecture is None:
+            raise FormatError("a .pt/.pth file holds weights but no architecture", path=path,
+                              hint="give one with --arch MODEL.safetensors (a linearkit model "
+                                   "file of the same layers), or convert the torch model with "
+                                   "linearkit.io.from_torch and linearkit.save")
+        from .torch import load_torch_state
+
+        model = load_model(architecture)
+        try:
+            model.load_state_dict(load_torch_state(path))
+        except RuntimeError as err:
+            first = str(err).split("\n\t")[1] if "\n\t" in str(err) else str(err)
+            raise FormatError(f"its state dict does not fit the architecture of {architecture}: "
+                              f"{first.strip()}", path=path,
+                              hint="--arch must be a model file of the same layers") from None
+        return model
+    raise FormatError(f"unknown file type {os.path.splitext(path)[1] or '(none)'!r}", path=path,
+                      hint="give a .safetensors, .onnx, .pt or .pth file")

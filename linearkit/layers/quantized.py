@@ -33,7 +33,7 @@ import math
 import numpy as np
 
 from .. import functional as F
-from ..errors import ShapeError, _Located
+from ..errors import ShapeError, Located
 from ..core.module import Module
 from ._checks import as_input, feature_count, float_dtype
 from .linear import Linear
@@ -46,7 +46,7 @@ ACTIVATION_MODES = (None, "dynamic")
 _QMAX = 127
 
 
-class QuantizedTrainingError(_Located, RuntimeError):
+class QuantizedTrainingError(Located, RuntimeError):
     """``vjp`` of a quantized layer: int8 weights have no gradient and nothing to step."""
 
 

@@ -11,8 +11,8 @@ def register_surgery_rules() -> None:
     """Register the rule (with rebuild, so model files hold these layers) of every layer type
     ``linearkit.transforms`` creates, and of ``Checkpoint``; done once, when ``linearkit.rules``
     loads."""
-    from . import checkpoint_rules, distributed_rules, lora_rules, quantized_rules, sparse_rules
+    from . import checkpoint_rules, lora_rules, quantized_rules, sparse_rules
 
-    for module in (lora_rules, quantized_rules, sparse_rules, checkpoint_rules, distributed_rules):
+    for module in (lora_rules, quantized_rules, sparse_rules, checkpoint_rules):
         for layer_type, rule in module.RULES:
             register_rule(layer_type, rule)

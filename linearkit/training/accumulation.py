@@ -239,18 +239,10 @@ def _split(x, y, micro_batches):
 
 
 def _mean_counts(loss_fn, y: np.ndarray, slices: list[slice]) -> list[float]:
-    """Each micro-batch's share of the mean's denominator (rows, or CE target weights)."""
-    from ..losses import CrossEntropyLoss
-
-    if isinstance(loss_fn, CrossEntropyLoss) and y.dtype.kind in "iu":
-        t = y.reshape(len(y), -1).astype(np.intp)
-        keep = t != loss_fn.ignore_index
-        w = loss_fn.weight
-        if w is None:
-            per_row = keep.sum(axis=1).astype(np.float64)
-        else:
-            w = np.asarray(w, np.float64)
-            safe = np.clip(np.where(keep, t, 0), 0, max(len(w) - 1, 0))  # the loss checks range
-            per_row = (w[safe] * keep).sum(axis=1) if len(w) else np.zeros(len(y))
+    """Each micro-batch's share of the mean's denominator: rows, or what the loss says each
+    row weighs (``mean_weights``: cross-entropy's target weights)."""
+    weights = getattr(loss_fn, "mean_weights", None)
+    per_row = weights(y) if weights is not None else None
+    if per_row is not None:
         return [float(per_row[rows].sum()) for rows in slices]
     return [float(rows.stop - rows.start) for rows in slices]

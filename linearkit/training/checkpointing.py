@@ -225,7 +225,7 @@ def checkpoint_sequential(seq: Sequential, segments: int) -> Sequential:
     >>> list(model.state_dict())[::2]
     ['0.module.0.weight', '0.module.1.weight', '1.2.weight', '1.3.weight', '1.4.weight']
     """
-    if not isinstance(seq, Sequential):
+    if not callable(getattr(seq, "named_steps", None)):     # a Sequential (or one of its kind)
         raise TypeError(f"checkpoint_sequential() takes a Sequential, got {type(seq).__name__}; "
                         "wrap a single module with checkpoint(module)")
     steps = list(seq.named_steps())

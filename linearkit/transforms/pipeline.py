@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..core.module import Module
 
-__all__ = ["compress", "load_any"]
+__all__ = ["compress"]
 
 
 def compress(model: Module, *, merge: bool = False, fold: bool = False, rank: int | None = None,
@@ -54,44 +54,3 @@ def compress(model: Module, *, merge: bool = False, fold: bool = False, rank: in
     if int8:
         step(quantize(model, "int8", probe=probe))
     return model, reports
-
-
-def load_any(path: str, architecture: str | None = None) -> Module:
-    """A linearkit model from ``path``: a self-describing .safetensors (``linearkit.save``), an
-    ONNX MLP (``import_onnx``), or a PyTorch state dict (.pt/.pth, read without unpickling) put
-    into the architecture of ``architecture`` (a linearkit model file whose layers match).
-
-    Raises FormatError naming the file for anything else.
-    """
-    import os
-
-    from ..errors import FormatError
-    from ..io.convert import FORMATS
-    from ..io.model_file import load_model
-
-    kind = FORMATS.get(os.path.splitext(path)[1].lower())
-    if kind == "safetensors":
-        return load_model(path)
-    if kind == "onnx":
-        from ..io.onnx_import import import_onnx
-
-        return import_onnx(path)
-    if kind == "torch":
-        if architecture is None:
-            raise FormatError("a .pt/.pth file holds weights but no architecture", path=path,
-                              hint="give one with --arch MODEL.safetensors (a linearkit model "
-                                   "file of the same layers), or convert the torch model with "
-                                   "linearkit.io.from_torch and linearkit.save")
-        from ..io.torch import load_torch_state
-
-        model = load_model(architecture)
-        try:
-            model.load_state_dict(load_torch_state(path))
-        except RuntimeError as err:
-            first = str(err).split("\n\t")[1] if "\n\t" in str(err) else str(err)
-            raise FormatError(f"its state dict does not fit the architecture of {architecture}: "
-                              f"{first.strip()}", path=path,
-                              hint="--arch must be a model file of the same layers") from None
-        return model
-    raise FormatError(f"unknown file type {os.path.splitext(path)[1] or '(none)'!r}", path=path,
-                      hint="give a .safetensors, .onnx, .pt or .pth file")

@@ -15,7 +15,7 @@ import numpy as np
 from ...core import hooks
 from ... import precision as P
 from ...core.closures import kept_arrays
-from ...errors import _Located
+from ...errors import Located
 from .linearkit_layers import add_note, describe, fill_row, rule_for
 
 __all__ = ["run_custom"]
@@ -55,7 +55,7 @@ def run_custom(lpass, m, i, path, x, need, depth):
             except NotImplementedError:
                 back, y = None, clone(x0)
                 row.note = "no vjp(): forward only"
-    except _Located as err:
+    except Located as err:
         sub_path = next((p for p, s in clone.named_modules() if s is err.module), None)
         if sub_path is not None:
             err.module = originals.get(sub_path, m)

@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from ... import precision as P
-from ...errors import _Located
+from ...errors import Located
 from ...core.module import Module
 from .accumulator import Acc
 from .custom import run_custom
@@ -134,7 +134,7 @@ class _LinearkitPass:
                 y = _T(*run_custom(self, m, i, path, x, need, depth))  # no rule: run it once
             else:
                 y = self._layer(rule, m, i, x, need)
-        except _Located as err:
+        except Located as err:
             if err.module is None:
                 err.module = m
             err.locate(self.model)

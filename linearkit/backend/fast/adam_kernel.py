@@ -34,7 +34,7 @@ def _moments(g, p, m, v, maximize, l2, wd, decay, w, beta2, one_minus_beta2):
 
 
 @numba.njit(**_JIT)
-def _adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, flags, scalars):
+def adam_one(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, flags, scalars):
     maximize, l2, decay, zero_grad = flags[1], flags[2], flags[3], flags[4]
     wd, w, beta2, one_minus_beta2 = scalars[0], scalars[1], scalars[2], scalars[3]
     bc2_sqrt, eps, neg_step_size = scalars[4], scalars[5], scalars[6]
@@ -71,7 +71,7 @@ def _array(p):
 
 def adam_settings(scratch, dtype, *, step, lr, beta1, beta2, eps, weight_decay=0.0,
                   maximize=False, decoupled_weight_decay=False, amsgrad=False, zero_grads=False):
-    """``(flags, scalars)``: the small arrays that carry one step's hyperparameters into ``_adam``
+    """``(flags, scalars)``: the small arrays that carry one step's hyperparameters into ``adam_one``
     (kept in ``scratch``, a dict the caller keeps, so that a step allocates nothing). The Python
     floats are rounded to ``dtype`` by assignment, as NumPy rounds them (NEP 50)."""
     bufs = scratch.get(dtype)
@@ -115,4 +115,4 @@ def adam_flat(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, *, step, lr
     for i, p in enumerate(params):
         p = _array(p)
         vmax = max_exp_avg_sqs[i] if amsgrad else p    # unread without AMSGrad
-        _adam(p, grads[i], exp_avgs[i], exp_avg_sqs[i], vmax, flags, scalars)
+        adam_one(p, grads[i], exp_avgs[i], exp_avg_sqs[i], vmax, flags, scalars)

@@ -3,7 +3,7 @@ and its gradient, the chain's backward and Adam over the flat state (``fast.kern
 planned and checked in linearkit/runtime/compiled_step.py).
 
 It calls the very kernels the step's separate calls run, in their order, on the same arrays:
-``chain_forward``, ``softmax_ce_forward``/``_backward``, ``chain_backward`` and ``_adam``
+``chain_forward``, ``softmax_ce_forward``/``_backward``, ``chain_backward`` and ``adam_one``
 per parameter. The bits are theirs (tests/test_compiled_step.py runs both); what it saves is
 the Python between them (docs/fast.md, "The whole step in one call", has the timing).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numba
 
-from .adam_kernel import _adam
+from .adam_kernel import adam_one
 from .chain_kernel import chain_backward, chain_forward
 from .softmax_ce_kernel import softmax_ce_backward, softmax_ce_forward
 
@@ -49,6 +49,6 @@ def train_step(one, zero, x, weights, biases, flags, ws, out,
         lo, hi = bounds[i], bounds[i + 1]
         p = params[i]
         vmax = max_exp_avg_sq[lo:hi] if amsgrad else p
-        _adam(p, grads[lo:hi], exp_avg[lo:hi], exp_avg_sq[lo:hi], vmax, adam_flags,
+        adam_one(p, grads[lo:hi], exp_avg[lo:hi], exp_avg_sq[lo:hi], vmax, adam_flags,
               adam_scalars)
     return total

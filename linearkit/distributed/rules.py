@@ -1,4 +1,6 @@
-"""The rules of the tensor-parallel layers (``linearkit.distributed``): per-rank ledger rows.
+"""The rules of the tensor-parallel layers: per-rank ledger rows. Registered when
+``linearkit.distributed`` is imported (the only way to have one of these layers), so the rules
+room never imports distributed.
 
 A rank's ledger counts what that rank holds and does: its shard's parameters (so the parameter
 and memory columns are per rank), the GEMMs of its shard, and — in the row's note — the bytes
@@ -14,12 +16,12 @@ from __future__ import annotations
 
 import math
 
-from ..distributed.parallel_linear import ColumnParallelLinear, RowParallelLinear
+from .parallel_linear import ColumnParallelLinear, RowParallelLinear
 from ..errors import ShapeError
-from .cost_rules import lead, linear_cost
-from .registry import LayerRule
+from ..rules.cost_rules import lead, linear_cost
+from ..rules.registry import LayerRule, register_rule
 
-__all__ = ["COLUMN_PARALLEL_LINEAR", "ROW_PARALLEL_LINEAR", "RULES", "comm_bytes"]
+__all__ = ["COLUMN_PARALLEL_LINEAR", "ROW_PARALLEL_LINEAR", "RULES", "comm_bytes", "register_rules"]
 
 
 def _check(m, shape, width: int) -> None:
@@ -111,3 +113,9 @@ COLUMN_PARALLEL_LINEAR = _rule("column_parallel_linear", "ColumnParallelLinear")
 ROW_PARALLEL_LINEAR = _rule("row_parallel_linear", "RowParallelLinear")
 
 RULES = [(ColumnParallelLinear, COLUMN_PARALLEL_LINEAR), (RowParallelLinear, ROW_PARALLEL_LINEAR)]
+
+
+def register_rules() -> None:
+    """Register both layers' rules (``linearkit.distributed`` does, once, when imported)."""
+    for layer_type, rule in RULES:
+        register_rule(layer_type, rule)
