@@ -16,7 +16,7 @@ from transform_checks import assert_unchanged, snapshot
 import linearkit as lk
 from linearkit.analysis.ledger.custom import _closure_arrays
 from linearkit.io.safetensors import save as save_tensors
-from linearkit.io.safetensors_header import read_tensors
+from linearkit.storage.safetensors_header import read_tensors
 from linearkit.layers.lora import LoRALinear
 from linearkit.training.loop import evaluate, step
 from linearkit.rules import rule_for

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit.io.safetensors_header import read_header
+from linearkit.storage.safetensors_header import read_header
 from linearkit.layers.quantized import QuantizedLinear, QuantizedTrainingError
 from linearkit.training.loop import step
 from linearkit.rules import rule_for

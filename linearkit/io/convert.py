@@ -16,7 +16,7 @@ import io
 import os
 
 from ..errors import FormatError
-from .atomic import write_atomically
+from ..storage.atomic import write_atomically
 
 __all__ = ["FORMATS", "convert", "load_any"]
 

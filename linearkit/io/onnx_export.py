@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..rules import rule_for
-from .atomic import write_atomically
+from ..storage.atomic import write_atomically
 
 __all__ = ["OnnxExportError", "export_onnx"]
 

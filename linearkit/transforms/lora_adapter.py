@@ -64,9 +64,9 @@ def save_adapter(model: Module, path: str | os.PathLike) -> str:
         values = {v[key] for v in per_layer.values()}
         if len(values) == 1:
             meta[key] = values.pop()
-    from ..io.safetensors import save
+    from ..storage.tensor_file import write_tensors
 
-    return save(arrays, path, metadata={ADAPTER_KEY: json.dumps(meta)})
+    return write_tensors(path, arrays, {"format": "np", ADAPTER_KEY: json.dumps(meta)})
 
 
 def _adapter_metadata(path: str, metadata: dict) -> dict:
@@ -139,7 +139,7 @@ def load_adapter(base: Module, path: str | os.PathLike, *, probe=None
         ``max_abs_error`` / ``max_rel_error``: how far the adapters move ``base``'s outputs on
         the probes (not an error: the file's fine-tune); ``changed``: each adapted layer.
     """
-    from ..io.safetensors_header import read_tensors
+    from ..storage.safetensors_header import read_tensors
 
     path = os.fspath(path)
     new = copy_model(base, "load_adapter")

@@ -146,6 +146,6 @@ def ledger(model, input_shape=None, *, dtype=None, optimizer: str | None = "adam
 def _model_in_file(path: str):
     """The model a file written by ``linearkit.save`` describes (weights loaded), else None."""
     from ...io.model_file import model_from_metadata
-    from ...io.safetensors_header import read_header
+    from ...storage.safetensors_header import read_header
 
     return model_from_metadata(path, read_header(path)[1])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 
-from ...io.safetensors_header import ITEMSIZE
+from ...storage.safetensors_header import ITEMSIZE
 from .accumulator import Acc
 from .report import linear_text
 
