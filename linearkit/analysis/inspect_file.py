@@ -16,7 +16,7 @@ __all__ = ["describe_file", "render"]
 def describe_file(path) -> dict:
     """A JSON-able description of a .safetensors file (raises FormatError when malformed)."""
     from ..io.model_file import SPEC_KEY, model_from_metadata
-    from ..io.safetensors_header import ITEMSIZE, read_header
+    from ..storage.safetensors_header import ITEMSIZE, read_header
 
     path = os.fspath(path)
     entries, metadata, _, data_size = read_header(path)

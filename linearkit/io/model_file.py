@@ -17,7 +17,7 @@ __all__ = ["SPEC_KEY", "architecture_metadata", "load_model", "model_from_metada
 
 def read_spec(path) -> dict | None:
     """The architecture stored in ``path`` (a parsed spec), or None when the file has none."""
-    from .safetensors_header import read_header
+    from ..storage.safetensors_header import read_header
 
     return _spec_of(path, read_header(path)[1])
 
@@ -64,7 +64,7 @@ def load_model(path, *, strict_finite: bool = False) -> Module:
     >>> bool((again(x) == model(x)).all())
     True
     """
-    from .safetensors_header import read_header
+    from ..storage.safetensors_header import read_header
 
     path = os.fspath(path)
     model = model_from_metadata(path, read_header(path)[1], strict_finite=strict_finite)

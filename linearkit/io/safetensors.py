@@ -1,7 +1,7 @@
 """Save and load weights as ``.safetensors`` — a format that cannot execute code on load.
 
 Writing uses the official ``safetensors`` package (the ``cli`` extra), imported only when called.
-Reading goes through linearkit's own strict reader (:mod:`.safetensors_header`): the header is
+Reading goes through linearkit's own strict reader (:mod:`linearkit.storage.safetensors_header`): the header is
 checked in full — stricter than the reference loader, which accepts duplicate names — and any
 defect is a :class:`~linearkit.FormatError` naming the file; F16 reads natively, BF16 through
 ``ml_dtypes`` (also the ``cli`` extra).
@@ -17,21 +17,11 @@ import warnings
 import numpy as np
 
 from ..errors import FormatError
-from .atomic import write_atomically
 from .architecture import architecture_metadata
-from .safetensors_header import read_tensors
+from ..storage.safetensors_header import read_tensors
+from ..storage.tensor_file import write_tensors
 
 __all__ = ["load", "save"]
-
-
-def _safetensors_numpy():
-    try:
-        import safetensors.numpy as st
-    except ImportError:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "saving/loading .safetensors needs the 'safetensors' package: "
-            "pip install 'linearkit[cli]' (or pip install safetensors)") from None
-    return st
 
 
 def save(model_or_state, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> str:
@@ -46,7 +36,6 @@ def save(model_or_state, path: str | os.PathLike, metadata: dict[str, str] | Non
     the metadata under ``"linearkit.model"``, and its architecture (``io.spec``, JSON) under
     ``"linearkit.spec"``, so ``linearkit.load_model(path)`` rebuilds it. Returns the path written.
     """
-    st = _safetensors_numpy()
     state = model_or_state.state_dict() if hasattr(model_or_state, "state_dict") else model_or_state
     # np.asarray(order="C"), not np.ascontiguousarray: that one turns a 0-d array into shape
     # (1,), and BatchNorm's num_batches_tracked would no longer load back into its own model.
@@ -56,14 +45,13 @@ def save(model_or_state, path: str | os.PathLike, metadata: dict[str, str] | Non
         meta["linearkit.model"] = repr(model_or_state)
         meta.update(architecture_metadata(model_or_state))  # "linearkit.spec": load_model reads it
     meta.update(metadata or {})
-    # safetensors serializes to bytes; we write them, so there is no second temp file.
-    return write_atomically(path, st.save(arrays, metadata=meta), suffix=".safetensors")
+    return write_tensors(path, arrays, meta)
 
 
 def load(path: str | os.PathLike, model=None, strict: bool = True, strict_finite: bool = False):
     """Read a ``.safetensors`` file, strictly; nothing is loaded unless all of it is sound.
 
-    The header is checked in full first (:mod:`linearkit.io.safetensors_header`): any defect —
+    The header is checked in full first (:mod:`linearkit.storage.safetensors_header`): any defect —
     truncation, a duplicate name, bad offsets or dtypes, a pickle given by mistake — is a
     :class:`~linearkit.FormatError` naming the file, the problem and the fix. No code runs.
 
