@@ -198,3 +198,15 @@ def test_a_single_layer_is_not_routed():
     report = lk.runtime.explain(lk.Linear(4, 3), np.ones((2, 4), np.float32))
     assert report.routes() == ["guarded"] and "not a Sequential" in report.rows[0].why_vjp
     assert report.rows[0].gemm == "dot"
+
+
+def test_an_empty_sequential_runs_and_is_explained():
+    lk.fast.kernels()                    # the compiled chain would be asked
+    x = np.ones((3, 4), np.float32)
+    model = lk.Sequential()
+    assert model(x) is x
+    y, back = model.vjp(x)
+    assert y is x and back(np.ones_like(x)).shape == x.shape
+    nested = lk.Sequential(lk.Sequential())
+    assert nested(x) is x
+    assert "no Linear in the chain" in lk.runtime.explain(nested, x).row("0").why_forward

@@ -159,6 +159,7 @@ NOT_LOADED = "the kernels are not loaded (a plain forward never imports numba; a
 NO_KERNELS = "no compiled kernels (numba missing, or LINEARKIT_FAST=0)"
 NO_BLAS = "NumPy's BLAS is not the one backend/fast/blas.py binds"
 OFF = "switched off (linearkit.runtime.disabled)"
+EMPTY = "no Linear in the chain (an empty Sequential, or only Sequentials of nothing)"
 
 
 def describe(reason, paths: dict | None = None) -> str:
@@ -231,6 +232,8 @@ def plan_for(modules: list, x, input_grad: bool, trains, owner, min_rows: int = 
     why = _units(modules, units, False)
     if why is not None:
         return why
+    if not units:
+        return EMPTY
     return _cached_plan(owner, units, x, input_grad, trains)
 
 
