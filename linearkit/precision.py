@@ -235,8 +235,8 @@ def check_compute(module, storage: np.dtype) -> np.dtype:
     if is_16bit(asked):
         raise DTypeError(
             f"{asked} compute is not supported for {storage} parameters: NumPy has no "
-            f"half-precision BLAS (a {asked} GEMM runs ~90x slower than float32), so 16-bit "
-            f"parameters are stored in 16 bits and computed in {natural}",
+            f"half-precision BLAS (a {asked} GEMM runs far slower than float32: docs/dtypes.md), "
+            f"so 16-bit parameters are stored in 16 bits and computed in {natural}",
             module=module, hint="leave the policy's compute at None (precision.set_policy("
                                 "compute=None)); 16-bit storage already halves weight memory")
     raise DTypeError(

@@ -143,7 +143,7 @@ def wait(requests, what: str, comm=None) -> None:
 
     The first few milliseconds poll between ``sched_yield`` calls (a collective between ranks
     on one machine completes in microseconds once both arrive, and a rank sharing a core with
-    the one it waits for hands it the core); after that the poll sleeps, backing off to 1 ms
+    the one it waits for hands it the core); after that the poll sleeps, backing off to a millisecond
     (rank 0 evaluating or saving while the others wait costs them no CPU).
     """
     MPI = _mpi()
