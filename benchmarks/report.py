@@ -310,7 +310,7 @@ def mlp_sections(v: View):
         "3%, as on one batch: measured interleaved at batch 32 and 512): NumPy's into its "
         "loop's buffers at the BLAS's default threads, "
         "linearkit's through `linearkit.functional` under its thread policy, as its step runs "
-        "them; *lk step / its GEMMs* is linearkit's step time over its GEMMs' (issue 11: at "
+        "them; *lk step / its GEMMs* is linearkit's step time over its GEMMs' (the R2 target: at "
         f"most {cases.MLP_GEMM_LIMIT}× at batch {cases.MLP_GEMM_BATCH}).")
     rows = []
     for batch in cases.MLP_INFER_BATCHES:
@@ -584,13 +584,13 @@ def profile_sections(v: View):
 
 # ----------------------------------------------------------------------------- targets
 def targets(v: View) -> list[list[str]]:
-    """One row per target, ``[issue(s), target, measured, status]``; the newer, tighter targets
+    """One row per target, ``[set, target, measured, status]``; the newer, tighter targets
     replace the older rows they tighten (small calls, MLP training, the recipe), the rest are
     kept."""
     rows = []
 
-    def add(issue, target, measured, status):
-        rows.append([issue, target, measured, status])
+    def add(target_set, target, measured, status):
+        rows.append([target_set, target, measured, status])
 
     if v.has("large"):
         large_targets(v, add)
@@ -599,7 +599,7 @@ def targets(v: View) -> list[list[str]]:
             case = cases.large_id("fwdbwd", x_shape, out_f)
             for var, limit in cases.PRECISION_LIMITS.items():
                 r = (v.get("precision", "linearkit", f"{case}:{var}") or {}).get("ratio")
-                add("10", f"{var} fwd+bwd {cases.shape_name(x_shape)}->{out_f} ≤ {limit}× "
+                add("16-bit", f"{var} fwd+bwd {cases.shape_name(x_shape)}->{out_f} ≤ {limit}× "
                     "float32", ratio(r), at_most(r, limit))
     if v.has("small"):
         for kind, label in (("fwd", "forward"), ("fwdbwd", "forward+backward")):
@@ -607,13 +607,13 @@ def targets(v: View) -> list[list[str]]:
             t, npt = v.seconds("small", "linearkit", kind), v.seconds("small", "numpy", kind)
             pt = v.seconds("small", "torch", kind)
             r = v.ratio("small", ("linearkit", kind), ("numpy", kind))
-            add("11", f"Linear(16,16) one row: {label} ≤ {limit}× the bare-NumPy floor",
+            add("R2", f"Linear(16,16) one row: {label} ≤ {limit}× the bare-NumPy floor",
                 f"{ratio(r)} ({us(t)} vs {us(npt)} µs; PyTorch {us(pt)})", at_most(r, limit))
     if v.has("batch1"):
         for in_f, out_f in cases.BATCH1:
             key = f"bwd:{in_f}->{out_f}"
             r = v.ratio("batch1", ("torch", key), ("linearkit", key))
-            add("3, 11", f"batch-1 backward {in_f}->{out_f} no slower than PyTorch",
+            add("R1, R2", f"batch-1 backward {in_f}->{out_f} no slower than PyTorch",
                 f"{ratio(r)} PyTorch's speed", at_least(r, 1.0))
     if v.has("mlp"):
         mlp_targets(v, add)
@@ -622,28 +622,28 @@ def targets(v: View) -> list[list[str]]:
     if v.has("e2e"):
         e2e_targets(v, add)
     if v.has("busy"):
-        busy_targets(v, lambda *row: add("7, 11", *row))
+        busy_targets(v, lambda *row: add("busy, R2", *row))
     fp = v.get("footprint", "linearkit", "import") if v.has("footprint") else None
     if fp is not None:
         lk_ = fp["linearkit"]
-        add("3, 11", "import linearkit ≤ 100 ms", f"{1e3 * lk_['median_s']:.1f} ms",
+        add("R1, R2", "import linearkit ≤ 100 ms", f"{1e3 * lk_['median_s']:.1f} ms",
             at_most(lk_["median_s"], 0.1))
-        add("3, 11", "import linearkit ≤ 35 MiB peak RSS", f"{lk_['peak_rss_mib']:.1f} MiB",
+        add("R1, R2", "import linearkit ≤ 35 MiB peak RSS", f"{lk_['peak_rss_mib']:.1f} MiB",
             at_most(lk_["peak_rss_mib"], 35.0))
-        add("3, 11", "no optional dependency imported (numba included)",
+        add("R1, R2", "no optional dependency imported (numba included)",
             ", ".join(lk_["heavy"]) or "none", flag(not lk_["heavy"]))
     mem = v.get("memory", "linearkit", "train:recipe") if v.has("memory") else None
     if mem is not None:
         limit = cases.MEMORY_GROWTH_LIMIT
         steps = mem["steps"]
         short = "" if steps >= cases.MEMORY_STEPS else f" (this run: {steps:,} steps)"
-        add("3, 11", f"no growth over {cases.MEMORY_STEPS:,} training steps (≤ {limit // 1024} "
+        add("R1, R2", f"no growth over {cases.MEMORY_STEPS:,} training steps (≤ {limit // 1024} "
             f"KiB in all){short}",
             f"{mem['growth_bytes']:,.0f} B over {steps:,} steps",
             at_most(max(mem["growth_bytes"], 0.0), float(limit)))
-        add("3", "gradient buffers reused across steps", str(mem["grads_reused"]),
+        add("R1", "gradient buffers reused across steps", str(mem["grads_reused"]),
             flag(mem["grads_reused"]))
-        add("3", "optimizer state reused across steps", str(mem["state_reused"]),
+        add("R1", "optimizer state reused across steps", str(mem["state_reused"]),
             flag(mem["state_reused"]))
     return rows
 
@@ -686,7 +686,7 @@ def large_targets(v: View, add) -> None:
                      v.seconds("large", "linearkit", case))
             into = div(v.seconds("large", "numpy", f"{case}:out"),
                        v.seconds("large", "linearkit", case))
-            add("3, 11", f"{'fwd+bwd' if kind == 'fwdbwd' else 'fwd'} "
+            add("R1, R2", f"{'fwd+bwd' if kind == 'fwdbwd' else 'fwd'} "
                 f"{cases.shape_name(x_shape)}->{out_f} ≥ 95% of NumPy (fresh outputs) in "
                 f"{cases.LARGE_ROUNDS} consecutive runs",
                 f"{' / '.join(pct(r) for r in rs) or 'n/a'} ({num(gf)} GFLOP/s; "
@@ -698,22 +698,22 @@ def mlp_targets(v: View, add) -> None:
     for batch in cases.MLP_TRAIN_BATCHES:
         limit = cases.MLP_VS_TORCH_FUSED[batch]
         r = v.ratio("mlp", ("torch", f"train-fused:{batch}"), ("linearkit", f"train:{batch}"))
-        add("11", f"MLP train b{batch} ≥ {limit}× PyTorch fused Adam", ratio(r),
+        add("R2", f"MLP train b{batch} ≥ {limit}× PyTorch fused Adam", ratio(r),
             at_least(r, limit))
         limit = cases.MLP_VS_JAX[batch]
         r = v.ratio("mlp", ("jax", f"train:{batch}"), ("linearkit", f"train:{batch}"))
-        add("11", f"MLP train b{batch} ≥ {limit}× JAX jit", ratio(r), at_least(r, limit))
+        add("R2", f"MLP train b{batch} ≥ {limit}× JAX jit", ratio(r), at_least(r, limit))
     batch = cases.MLP_GEMM_BATCH
     step = v.seconds("mlp", "linearkit", f"train:{batch}")
     gemms = own_gemms(v, batch)
     r = step_over_gemms(v, batch)
-    add("11", f"MLP train b{batch}: step ≤ {cases.MLP_GEMM_LIMIT}× its 8 GEMMs back to back",
+    add("R2", f"MLP train b{batch}: step ≤ {cases.MLP_GEMM_LIMIT}× its 8 GEMMs back to back",
         f"{ratio(r)} ({num(step and 1e3 * step, 2)} vs {num(gemms and 1e3 * gemms, 2)} ms)",
         at_most(r, cases.MLP_GEMM_LIMIT))
     r = v.ratio("mlp", ("torch", "infer:1"), ("linearkit", "infer:1"))
-    add("3", "MLP inference b1 ≥ 2× PyTorch", ratio(r), at_least(r, 2.0))
+    add("R1", "MLP inference b1 ≥ 2× PyTorch", ratio(r), at_least(r, 2.0))
     r = v.ratio("mlp", ("jax", "infer:256"), ("linearkit", "infer:256"))
-    add("3", "MLP inference b256 ≥ JAX jit", ratio(r), at_least(r, 1.0))
+    add("R1", "MLP inference b256 ≥ JAX jit", ratio(r), at_least(r, 1.0))
 
 
 def _gemms_framework(v: View, batch: int) -> str:
@@ -736,16 +736,16 @@ def own_gemms(v: View, batch: int):
 
 def recipe_targets(v: View, add) -> None:
     w = v.worker("recipe", "linearkit") or {}
-    for case, label, issue in (("train-cli", "`linearkit train` recipe", "3, 11"),
-                               ("train", "the documented step loop, same recipe", "11")):
+    for case, label, target_set in (("train-cli", "`linearkit train` recipe", "R1, R2"),
+                               ("train", "the documented step loop, same recipe", "R2")):
         if case == "train-cli" and case not in w.get("results", {}) \
                 and case not in w.get("errors", {}):
             continue
         r = v.ratio("recipe", ("torch", "train"), ("linearkit", case))
-        add(issue, f"{label}: per step ≥ {cases.RECIPE_VS_TORCH:g}× PyTorch eager", ratio(r),
+        add(target_set, f"{label}: per step ≥ {cases.RECIPE_VS_TORCH:g}× PyTorch eager", ratio(r),
             at_least(r, cases.RECIPE_VS_TORCH))
         r = v.ratio("recipe", ("jax", "train"), ("linearkit", case))
-        add("11", f"{label}: per step ≥ {cases.RECIPE_VS_JAX:g}× JAX jit", ratio(r),
+        add("R2", f"{label}: per step ≥ {cases.RECIPE_VS_JAX:g}× JAX jit", ratio(r),
             at_least(r, cases.RECIPE_VS_JAX))
 
 
@@ -758,18 +758,19 @@ def e2e_targets(v: View, add) -> None:
                if _ok(x)]
     best = min(torch_t) if torch_t else None
     r = div(best, t)
-    add("11", f"`linearkit train`, fresh process, {label}: faster than PyTorch (either Adam), "
+    add("R2", f"`linearkit train`, fresh process, {label}: faster than PyTorch (either Adam), "
         "start-up included", f"{ratio(r)} ({num(t, 2)} vs {num(best, 2)} s)", at_least(r, 1.0))
     jx = v.seconds("e2e", "jax", "train")
     r = div(jx, t)
-    add("11", f"`linearkit train`, fresh process, {label}: faster than JAX jit, start-up "
+    add("R2", f"`linearkit train`, fresh process, {label}: faster than JAX jit, start-up "
         "included", f"{ratio(r)} ({num(t, 2)} vs {num(jx, 2)} s)", at_least(r, 1.0))
 
 
-TARGETS_TITLE = "Targets (issues 3, 7, 10 and 11)"
+TARGETS_TITLE = "Targets"
 TARGETS_INTRO = (
-    "Every target of issue 11, one row each, and the targets of issues 3, 7 and 10 it does not "
-    "replace, measured in this run. A ratio is the other implementation's time over "
+    "Every target, one row each, measured in this run; *set* says which set of targets it "
+    "belongs to (R1 and R2: the first and second performance rounds, the second replacing the "
+    "first's rows it tightens; busy: the busy-machine targets; 16-bit: 16-bit storage). A ratio is the other implementation's time over "
     "linearkit's (above 1: linearkit faster) unless the target names a limit on linearkit's "
     "own time (≤). The large-layer rows hold \"in three consecutive runs\": NumPy and "
     "linearkit run that group in three rounds in a full run, each round's ratio shown (in a"
@@ -777,7 +778,7 @@ TARGETS_INTRO = (
 
 
 def all_sections(v: View) -> list[dict]:
-    sections = [_section(TARGETS_TITLE, ["issue", "target", "measured", "status"],
+    sections = [_section(TARGETS_TITLE, ["set", "target", "measured", "status"],
                          targets(v), TARGETS_INTRO)]
     builders = [("large", large_section), ("precision", precision_section),
                 ("small", small_section), ("batch1", batch1_section),
@@ -946,8 +947,8 @@ def render_markdown(results: dict) -> str:
         "## What is measured, and how",
         "",
         ("- linearkit against bare NumPy written the fastest way (the ceiling), PyTorch eager "
-        "(default and fused Adam) and JAX `jit`, on the shapes and models of the performance "
-        "issue. Each framework runs in its own child process "
+        "(default and fused Adam) and JAX `jit`, on the shapes and models the "
+        "targets name. Each framework runs in its own child process "
         "(`python -m benchmarks.worker FRAMEWORK GROUP`), never two at once: two thread pools "
         "in one process slow each other down."),
         ("- Repeats in turn (groups " + ", ".join(cases.PAIRED_GROUPS) + "; "
@@ -1019,7 +1020,7 @@ def render_busy_markdown(results: dict) -> str:
             f"{_rendered(meta)}."), "", f"Machine: {machine_line(v.info)}", ""]
     if _load_line(meta):
         out += [f"During the run: {_load_line(meta)}.", ""]
-    out += ["#### Acceptance (issue 7)", "", _md_table(["target", "measured", "status"], rows),
+    out += ["#### Targets on a busy machine", "", _md_table(["target", "measured", "status"], rows),
             ""]
     for s in busy_sections(v) if v.has("busy") else []:
         out += [f"#### {s['title']}", "", s["intro"], "", _md_table(s["header"], s["rows"]), ""]

@@ -97,7 +97,7 @@ def status_of(rows, words: str) -> str:
     return found[0][3]
 
 
-ISSUE_11 = [  # one phrase per performance target (performance.md's "Targets" table), in its order
+SECOND_ROUND = [  # one phrase per performance target (performance.md's "Targets" table), in its order
     "MLP train b32 ≥ 1.5× PyTorch fused", "MLP train b128 ≥ 1.15× PyTorch fused",
     "MLP train b512 ≥ 1.1× PyTorch fused", "MLP train b32 ≥ 1.1× JAX", "MLP train b128 ≥ 0.95× JAX",
     "MLP train b512 ≥ 0.9× JAX", "step ≤ 1.15× its 8 GEMMs",
@@ -113,10 +113,10 @@ ISSUE_11 = [  # one phrase per performance target (performance.md's "Targets" ta
 ]
 
 
-def test_every_issue_11_target_is_one_row_and_met_when_linearkit_is_fast_enough():
+def test_every_second_round_target_is_one_row_and_met_when_linearkit_is_fast_enough():
     rows = report.targets(report.View(synthetic()))
     assert all(len(r) == 4 for r in rows)
-    for words in ISSUE_11:
+    for words in SECOND_ROUND:
         assert status_of(rows, words).startswith("MET"), words
     assert all(r[3].startswith("MET") for r in rows), [r for r in rows if "MET" not in r[3]]
     # the superseded, looser small-call limits are gone
@@ -125,7 +125,7 @@ def test_every_issue_11_target_is_one_row_and_met_when_linearkit_is_fast_enough(
 
 def test_a_slower_linearkit_misses_the_targets_with_the_margin():
     rows = report.targets(report.View(synthetic(lk=1.3)))
-    for words in ISSUE_11[:15]:
+    for words in SECOND_ROUND[:15]:
         assert status_of(rows, words).startswith("MISSED"), words
     large = status_of(rows, "fwd 256x1024->4096 ≥ 95%")
     assert large == "MISSED in 3 of 3 rounds (worst 77%)"
@@ -157,7 +157,7 @@ def test_the_full_report_renders_from_synthetic_results():
     text = report.render_text(results)
     md = report.render_markdown(results)
     assert report.TARGETS_TITLE in text and f"### {report.TARGETS_TITLE}" in md
-    assert "| issue | target | measured | status |\n|---|---|---:|---:|" in md
+    assert "| set | target | measured | status |\n|---|---|---:|---:|" in md
     assert "5b. The recipe end to end" in md and "4a. MLP" in md
 
 
