@@ -30,3 +30,18 @@ def test_the_patterns_catch_what_they_are_for():
     assert OUTSIDE.search("see DESIGN.md") and OUTSIDE.search("(issue 11)")
     assert OUTSIDE.search("articles 004 §1.3")
     assert not MEASURED.search("1 << 20 elements") and not OUTSIDE.search("tissue 3")
+
+
+REPO = PACKAGE.parent
+OTHERS = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md"),
+                 *(REPO / "tests").rglob("*.py"), *(REPO / "benchmarks").rglob("*.py"),
+                 *(REPO / "experiments").rglob("*.py")])
+
+
+@pytest.mark.parametrize("path", [p for p in OTHERS if p.name != Path(__file__).name],
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_docs_tests_and_tooling_cite_nothing_outside_the_repository(path):
+    found = [f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if OUTSIDE.search(line)]
+    assert not found, "\n".join(found)
