@@ -160,14 +160,39 @@ class Module:
                 registry.pop(name, None)
         self._non_persistent.discard(name)
 
+    def _check_name(self, kind: str, name, registry: str) -> None:
+        """Refuse ``name`` for a new ``kind`` ('module', 'parameter', 'buffer') as PyTorch's
+        ``add_module`` / ``register_*`` do: TypeError unless a str; KeyError when it is empty,
+        holds a '.' (state-dict keys and paths are dotted) or is already an attribute that is
+        not an entry of ``registry`` (``forward``, ``training``, ``state_dict``,
+        ``_parameters``, a child registered as another kind...), which it would shadow."""
+        if registry not in self.__dict__:
+            raise AttributeError(f"cannot assign {kind} before Module.__init__() call; call "
+                                 "super().__init__() first in your __init__")
+        if not isinstance(name, str):
+            raise TypeError(f"{kind} name should be a string. Got {type(name).__name__}")
+        if "." in name:
+            raise KeyError(f'{kind} name can\'t contain ".", got: {name}')
+        if name == "":
+            raise KeyError(f'{kind} name can\'t be empty string ""')
+        if hasattr(self, name) and name not in self.__dict__[registry]:
+            raise KeyError(f"attribute '{name}' already exists")
+
     def register_parameter(self, name: str, param: Parameter | None) -> None:
-        """Register ``param`` (or a None placeholder, e.g. ``bias=False``) under ``name``."""
+        """Register ``param`` (or a None placeholder, e.g. ``bias=False``) under ``name``.
+
+        ``name``: a str, not empty, without '.', and not an attribute the module already has
+        (other than a parameter of that name): else KeyError/TypeError, as PyTorch."""
+        self._check_name("parameter", name, "_parameters")
         self._unregister(name, keep=self._parameters)
         self._parameters[name] = param
         object.__setattr__(self, name, param)
 
     def register_buffer(self, name: str, array, persistent: bool = True) -> None:
-        """Register a non-trainable array (e.g. running statistics) saved in ``state_dict``."""
+        """Register a non-trainable array (e.g. running statistics) saved in ``state_dict``.
+
+        ``name`` follows ``register_parameter``'s rule (an existing buffer may be replaced)."""
+        self._check_name("buffer", name, "_buffers")
         self._unregister(name, keep=self._buffers)
         array = None if array is None else np.asarray(array)
         self._buffers[name] = array
@@ -176,9 +201,15 @@ class Module:
         object.__setattr__(self, name, array)
 
     def add_module(self, name: str, module: Module | None) -> None:
-        """Register a child module under ``name``."""
+        """Register a child module under ``name`` (replacing the child of that name, if any).
+
+        As PyTorch's ``add_module``: TypeError for a non-Module or a non-str name; KeyError for
+        an empty name, a name with '.', or one that is already an attribute other than a child
+        (``forward``, ``training``, ``state_dict``, ``_parameters``, a parameter...). Numeric
+        names (``'0'``, as Sequential's) are fine."""
         if module is not None and not isinstance(module, Module):
             raise TypeError(f"{type(module).__name__} is not a Module subclass")
+        self._check_name("module", name, "_modules")
         self._unregister(name, keep=self._modules)
         self._modules[name] = module
         object.__setattr__(self, name, module)

@@ -3,20 +3,36 @@
 ``linearkit.save(model, path)`` stores the architecture (``io.spec``, JSON, never code) in the
 file's metadata under ``"linearkit.spec"``; ``load_model(path)`` rebuilds the model from it and
 loads the weights. Any safetensors reader still reads the tensors (the metadata is str -> str).
+
+A file is untrusted until checked, in this order, each step bounded by the one before: the
+header (``storage.safetensors_header.read_header``); the architecture's JSON
+(``spec.spec_from_json``: length, brackets, nesting depth, duplicate keys, all before
+``json.loads``); the architecture against the header (``spec.check_spec``: node count, names,
+and every tensor a layer's arguments declare, by shape and kind of dtype) — so a spec asking
+for a ``Linear(100000, 100000)`` the file does not hold is a FormatError in microseconds, with
+nothing allocated. Only then are the layers built, without their random init, and the tensors
+read into them.
 """
 
 from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from ..core.module import Module
 from ..errors import FormatError
 from .architecture import SPEC_KEY, architecture_metadata
 
-__all__ = ["SPEC_KEY", "architecture_metadata", "load_model", "model_from_metadata", "read_spec"]
+__all__ = ["SPEC_KEY", "architecture_metadata", "checked_spec", "load_model",
+           "model_from_metadata", "read_spec"]
+
 
 def read_spec(path) -> dict | None:
-    """The architecture stored in ``path`` (a parsed spec), or None when the file has none."""
+    """The architecture stored in ``path`` (a parsed spec), or None when the file has none.
+
+    The JSON is parsed with ``spec_from_json``'s bounds; the tree is not checked against the
+    tensors (``checked_spec`` does that)."""
     from ..storage.safetensors_header import read_header
 
     return _spec_of(path, read_header(path)[1])
@@ -29,18 +45,65 @@ def _spec_of(path, metadata: dict) -> dict | None:
     return None if text is None else spec_from_json(text, os.fspath(path))
 
 
-def model_from_metadata(path, metadata: dict, *, strict_finite: bool = False) -> Module | None:
-    """The model the file's ``metadata`` (from ``read_header``) describes, with the file's
-    weights loaded; None when it describes none. For callers that read the header already."""
-    from .safetensors import load
-    from .spec import build_model
+def checked_spec(path, entries: dict, metadata: dict):
+    """The file's architecture checked against its header (``spec.check_spec``), a
+    ``spec.SpecNode`` tree; None when the file stores none. Reads no tensor, builds nothing.
+
+    ``entries``, ``metadata``: ``read_header(path)[:2]``.
+    """
+    from .spec import check_spec
 
     spec = _spec_of(path, metadata)
-    if spec is None:
+    return None if spec is None else check_spec(spec, os.fspath(path), entries)
+
+
+def model_from_metadata(path, metadata: dict, *, strict_finite: bool = False) -> Module | None:
+    """The model the file's ``metadata`` (from ``read_header``) describes, with the file's
+    weights loaded; None when it describes none. For callers that read the header already.
+
+    The architecture is checked against the file's header before any layer is built (the
+    header is read again here, for its tensor entries); the layers are then built without
+    their random init and every tensor is loaded into them.
+    """
+    from ..storage.safetensors_header import read_header
+    from .spec import build_model
+
+    path = os.fspath(path)
+    entries = read_header(path)[0]
+    tree = checked_spec(path, entries, metadata)
+    if tree is None:
         return None
-    model = build_model(spec, source=os.fspath(path))
-    load(path, model, strict_finite=strict_finite)
+    model = build_model(tree, source=path, entries=entries)
+    # A LazyLinear the file stores unmaterialized holds no weight or bias: nothing to load.
+    lazy = {node.key(name) for node in tree.walk() if node.lazy for name in ("weight", "bias")}
+    _load_checked(path, model, lazy, strict_finite)
     return model
+
+
+def _load_checked(path: str, model: Module, lazy: set, strict_finite: bool) -> None:
+    """Read every tensor of ``path`` into ``model`` (just built from the checked architecture).
+
+    Loads non-strictly only so that an unmaterialized LazyLinear's absent weight is no error;
+    any other missing or unexpected key (the file changed since its header was checked) is a
+    FormatError, and nothing of the model is kept by the caller then.
+    """
+    from .safetensors import load
+
+    state = load(path, strict_finite=strict_finite)  # the NaN/Inf warning or refusal is load's
+    state = {k: a.astype(np.float32) if a.dtype.kind == "V" else a for k, a in state.items()}
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as err:
+        raise FormatError(f"does not fit the {type(model).__name__} its architecture "
+                          f"describes: {err}", path=path,
+                          hint="the file changed while it was read, or was edited; save the "
+                               "model again with linearkit.save(model, path)") from err
+    missing = [key for key in missing if key not in lazy]
+    if missing or unexpected:
+        raise FormatError(f"the tensors do not fit the architecture: missing "
+                          f"{missing or 'none'}, unexpected {unexpected or 'none'}", path=path,
+                          hint="the file changed while it was read, or was edited; save the "
+                               "model again with linearkit.save(model, path)")
 
 
 def load_model(path, *, strict_finite: bool = False) -> Module:
@@ -51,7 +114,9 @@ def load_model(path, *, strict_finite: bool = False) -> Module:
     FormatError
         The file is malformed, has no architecture (written by another tool or with weights
         only: build the model yourself and use ``linearkit.load(path, model)``), names a layer
-        type that is not registered, or its tensors do not fit the architecture.
+        type that is not registered, its architecture is out of bounds (``spec.MAX_DEPTH``,
+        ``MAX_NODES``...) or names a child badly, or its tensors do not fit the architecture
+        (checked from the header, before any layer is built).
 
     Examples
     --------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -37,6 +38,11 @@ def save(model_or_state, path: str | os.PathLike, metadata: dict[str, str] | Non
     ``"linearkit.spec"``, so ``linearkit.load_model(path)`` rebuilds it. Returns the path written.
     """
     state = model_or_state.state_dict() if hasattr(model_or_state, "state_dict") else model_or_state
+    if not isinstance(state, Mapping) or not all(isinstance(k, str) for k in state):
+        got = type(model_or_state).__name__
+        raise TypeError(f"save() takes a linearkit Module (its state_dict() is saved) or a dict "
+                        f"of arrays {{str name: array}}, got {got}"
+                        + ("" if not isinstance(state, Mapping) else " with non-str keys"))
     # np.asarray(order="C"), not np.ascontiguousarray: that one turns a 0-d array into shape
     # (1,), and BatchNorm's num_batches_tracked would no longer load back into its own model.
     arrays = {key: np.asarray(value, order="C") for key, value in state.items()}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 
 import numpy as np
@@ -13,7 +15,28 @@ from ..core.module import Module, Parameter
 from ..core.random import resolve
 from ._checks import as_input, feature_count, float_dtype
 
-__all__ = ["Identity", "LazyLinear", "Linear", "linear_from"]
+__all__ = ["Identity", "LazyLinear", "Linear", "linear_from", "uninitialized"]
+
+# True inside ``uninitialized()``: a ContextVar, so another thread building layers meanwhile
+# still gets the default init.
+_init_skipped = contextvars.ContextVar("linearkit_init_skipped", default=False)
+
+
+@contextlib.contextmanager
+def uninitialized():
+    """Inside, a new ``Linear`` (and a ``LazyLinear`` as it materializes) keeps the arrays
+    ``np.empty`` gave it — weight ``(out_features, in_features)``, bias ``(out_features,)``,
+    values undefined — instead of drawing the default init.
+
+    For loaders that overwrite every value next (``linearkit.load_model``): a
+    ``(15000, 15000)`` layer then costs no random draw, and the library's random stream does
+    not move. Only the current thread (context) is affected; ``forward``/``vjp`` are unchanged.
+    """
+    token = _init_skipped.set(True)
+    try:
+        yield
+    finally:
+        _init_skipped.reset(token)
 
 
 class Linear(Module):
@@ -40,6 +63,7 @@ class Linear(Module):
     ----------
     weight : Parameter ``(out_features, in_features)``, initialized U(-k, k), k = 1/sqrt(in_features)
     bias : Parameter ``(out_features,)`` or None, initialized U(-k, k) too — *not* zeros.
+        Inside ``uninitialized()`` (a loader that assigns both next) neither is initialized.
 
     Examples
     --------
@@ -62,7 +86,8 @@ class Linear(Module):
             self.bias = Parameter(np.empty(self.out_features, self.dtype))
         else:
             self.register_parameter("bias", None)
-        self.reset_parameters(rng)
+        if not _init_skipped.get():  # uninitialized(): the caller loads every value next
+            self.reset_parameters(rng)
 
     def reset_parameters(self, rng: np.random.Generator | None = None) -> None:
         """PyTorch's default init: weight and bias ~ U(-1/sqrt(in_features), 1/sqrt(in_features)).
@@ -259,7 +284,8 @@ class LazyLinear(Linear):
         self.weight = Parameter(np.empty((self.out_features, self.in_features), self.dtype))
         if self._has_bias:
             self.bias = Parameter(np.empty(self.out_features, self.dtype))
-        Linear.reset_parameters(self, self._rng)
+        if not _init_skipped.get():  # uninitialized(): the load assigns both arrays next
+            Linear.reset_parameters(self, self._rng)
         del self._rng, self._has_bias
         self.__class__ = Linear
 
