@@ -27,6 +27,7 @@ Examples
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -35,8 +36,8 @@ import numpy as np
 from .render import text_table
 from .timing import same_run_seconds
 
-__all__ = ["KNEE_FRACTION", "SweepResult", "SweepRow", "batch_sweep", "dim_sweep",
-           "find_knee", "powers_of_two"]
+__all__ = ["KNEE_FRACTION", "SweepResult", "SweepRow", "SweepTooLarge", "batch_sweep",
+           "dim_sweep", "find_knee", "memory_limit", "powers_of_two", "sweep_bytes"]
 
 #: The knee is the smallest batch reaching this fraction of the sweep's best throughput.
 KNEE_FRACTION = 0.9
@@ -207,6 +208,66 @@ def _check_sizes(name: str, values: Sequence[int]) -> list[int]:
     return [int(v) for v in values]
 
 
+class SweepTooLarge(ValueError):
+    """The sweep asked for would need more memory than this machine has: raised before any
+    array is allocated (an allocation that size fails, or with overcommit gets the process
+    killed). ``needed`` and ``limit`` are in bytes."""
+
+    def __init__(self, message: str, needed: int, limit: int):
+        super().__init__(message)
+        self.needed, self.limit = needed, limit
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def memory_limit() -> int | None:
+    """Bytes of memory this process can have: the machine's physical memory, or the container's
+    cgroup limit when that is lower; None when neither can be read."""
+    limits = []
+    try:
+        limits.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
+        pass
+    for name in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(name) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max": no limit
+            limits.append(int(text))
+    return min(limits) if limits else None
+
+
+def sweep_bytes(shapes: Sequence[tuple[int, int, int]], itemsize: int, backward: bool) -> int:
+    """Bytes a sweep holds at its peak, for ``shapes`` of ``(batch, in_features, out_features)``:
+    each distinct layer's weight and bias, every input (all are made up front), the float64 draw
+    they are cast from, and one call's output; with ``backward`` also the weight and bias
+    gradients, every output gradient and one input gradient."""
+    layers = {(i, o) for _, i, o in shapes}
+    elements = sum(i * o + o for i, o in layers) * (2 if backward else 1)
+    elements += sum(n * i for n, i, _ in shapes)                       # the inputs
+    elements += max(n * o for n, _, o in shapes)                       # one output
+    if backward:
+        elements += sum(n * o for n, _, o in shapes)                   # the output gradients
+        elements += max(n * i for n, i, _ in shapes)                   # one input gradient
+    return elements * itemsize + 8 * max(n * i for n, i, _ in shapes)  # the float64 draw
+
+
+def _check_fits(what: str, shapes, dtype, backward: bool) -> None:
+    """Raise :class:`SweepTooLarge` when the sweep cannot fit in this machine's memory."""
+    limit = memory_limit()
+    if limit is None:
+        return
+    needed = sweep_bytes(shapes, np.dtype(dtype).itemsize, backward)
+    if needed > limit:
+        raise SweepTooLarge(f"{what} needs about {_gib(needed)} of memory for its weights, "
+                            f"inputs and outputs, more than the {_gib(limit)} this machine has; "
+                            "choose smaller sizes", needed, limit)
+
+
 def _thread_context(threads: int | None):
     if threads is None:
         return contextlib.nullcontext()
@@ -284,6 +345,11 @@ def batch_sweep(in_features: int, out_features: int, batches: Sequence[int] | No
     from ..layers.linear import Linear
 
     batches = sorted(_check_sizes("batches", powers_of_two(256) if batches is None else batches))
+    (in_features,) = _check_sizes("in_features", [in_features])
+    (out_features,) = _check_sizes("out_features", [out_features])
+    _check_fits(f"Linear({in_features}, {out_features}) in {np.dtype(dtype)} at batches up to "
+                f"{batches[-1]}{' with backward' if backward else ''}",
+                [(n, in_features, out_features) for n in batches], dtype, backward)
     repeats = max(1, int(repeats))
     rng = np.random.default_rng(0) if rng is None else rng
     layer = Linear(in_features, out_features, dtype=dtype, rng=rng)
@@ -316,6 +382,9 @@ def dim_sweep(dims: Sequence[int], batch: int = 64, *, dtype=np.float32, backwar
 
     dims = _check_sizes("dims", dims)
     (batch,) = _check_sizes("batch", [batch])
+    _check_fits(f"square layers up to Linear({max(dims)}, {max(dims)}) in {np.dtype(dtype)} at "
+                f"batch {batch}{' with backward' if backward else ''}",
+                [(batch, d, d) for d in dims], dtype, backward)
     repeats = max(1, int(repeats))
     rng = np.random.default_rng(0) if rng is None else rng
     layers = [Linear(d, d, dtype=dtype, rng=rng) for d in dims]

@@ -4,13 +4,48 @@
 * :func:`markdown_table`: the same rows as a GitHub markdown table.
 * :func:`agg_figure`: a matplotlib ``Figure`` on the Agg canvas, so no pyplot state or GUI
   backend is touched; matplotlib is imported only here, when a plot is drawn.
+* :func:`terminal_safe`: text that came from a file, with every control character escaped,
+  before it is printed.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Container, Sequence
 
-__all__ = ["agg_figure", "markdown_table", "text_table"]
+__all__ = ["agg_figure", "markdown_table", "terminal_safe", "text_table"]
+
+# Unicode categories a terminal must never receive raw from a file: Cc holds C0 (ESC, CR, BEL,
+# backspace...), DEL and C1 (CSI...); Cf the bidi overrides and isolates (U+202E...) and
+# zero-width characters; Zl/Zp the line and paragraph separators; Cs lone surrogates, which
+# JSON can encode and which would make print() itself fail.
+_UNSAFE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    named = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}.get(ch)
+    if named:
+        return named
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def terminal_safe(text, keep_newlines: bool = False) -> str:
+    """``text`` with each control or invisible formatting character written as its Python
+    escape (``\\x1b``, ``\\r``, ``\\u202e``), so printing it cannot move the cursor, clear
+    the screen, recolour or reorder what follows. Printable Unicode (accents, CJK, emoji) is
+    kept as it is; with ``keep_newlines``, so is ``\\n`` (for text made of several lines).
+
+    >>> terminal_safe("w\\x1b[2Jx\\u202e")
+    'w\\\\x1b[2Jx\\\\u202e'
+    """
+    text = str(text)
+    if text.isprintable():  # the common case: nothing to escape
+        return text
+    return "".join(_escape(ch) if unicodedata.category(ch) in _UNSAFE
+                   and not (keep_newlines and ch == "\n") else ch for ch in text)
 
 
 def text_table(header: Sequence[str], rows: Sequence[Sequence[str]],

@@ -3,20 +3,29 @@
 tooling, not commands: ``python -m experiments`` from a checkout.)
 
 Every argument is checked before any work starts. Exit status: 0 success; 1 a failed check
-(``gradcheck``) or an internal error; 2 a user error, always ONE line on stderr, never a
-traceback; 130 interrupted (Ctrl-C; no partial file is left); 141 stdout closed early
-(``linearkit ... | head -1``: the rest of the output is dropped quietly, as a tool killed by
-SIGPIPE would). An internal error (a bug in linearkit, not a mistake in the command) prints its
-traceback and a last line saying it is a bug, with status 1.
+(``gradcheck``) or an internal error; 2 a user error, or a file or the machine refusing (an
+``OSError`` such as a full disk or a denied permission, a ``MemoryError``), always ONE line on
+stderr naming the file and the fix, never a traceback; 130 interrupted (Ctrl-C; no partial file
+is left, and a file already completely written when the interrupt came is reported as written);
+141 stdout closed early (``linearkit ... | head -1``: the rest of the output is dropped quietly,
+as a tool killed by SIGPIPE would). An internal error (a bug in linearkit, not a mistake in the
+command) prints its traceback and a last line saying it is a bug, with status 1.
+
+Text that comes from a file (tensor names, metadata, module names, messages quoting them) is
+printed through ``terminal_safe``: a control character in a file reaches the terminal escaped
+(``\\x1b``), so a file cannot clear the screen or rewrite a line. ``--json`` output is escaped
+by JSON itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import math
 import os
+import stat
 import sys
 
 from .args import (
@@ -34,6 +43,66 @@ from ..errors import DTypeError, FormatError, ShapeError
 
 #: One line on stderr, exit status 2: mistakes in what the user asked for.
 USER_ERRORS = (UsageError, ShapeError, DTypeError, FormatError)
+
+
+class _Interrupted(Exception):
+    """Ctrl-C came when part of the work was already done: ``message`` says what (one line on
+    stderr), ``code`` is the exit status (130 only when something was left undone)."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.message, self.code = message, code
+
+
+def terminal_safe(text, keep_newlines: bool = False) -> str:
+    """``analysis.render.terminal_safe``, imported when first needed: importing
+    ``linearkit.analysis`` (the ledger, the stats) would slow every command's start."""
+    from ..analysis.render import terminal_safe as escape
+
+    return escape(text, keep_newlines)
+
+
+def _say(text="") -> None:
+    """``print`` for text that may hold names or values read from a file (see the module
+    docstring): control characters escaped, the lines kept."""
+    print(terminal_safe(text, keep_newlines=True))
+
+
+def _file_identity(path: str):
+    """What tells a file from the one that replaces it (device, inode, size, mtime), or None
+    when ``path`` is no file: the atomic writer renames a complete file over it, so a change
+    means a complete new file is in place."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def _replacing(command: str, path: str, when: str) -> None:
+    """Say on stderr, in one line, that ``path`` exists and will be replaced (as train does)."""
+    if os.path.exists(path):
+        print(terminal_safe(f"linearkit {command}: {path} exists and will be replaced {when}"),
+              file=sys.stderr)
+
+
+def _input_file(path: str, flag: str = "") -> str:
+    """``path`` is a regular file to read: else a one-line UsageError (a FIFO or a device is
+    refused here, before anything opens it, as the reader itself also does)."""
+    where = f"{flag} {path}" if flag else path
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise UsageError(f"{where}: no such file") from None
+    except OSError as exc:
+        raise UsageError(f"{where}: cannot be read ({exc.strerror}); check the path and its "
+                         "permissions") from None
+    if stat.S_ISDIR(mode):
+        raise UsageError(f"{where} is a folder; give a file")
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"{where} is not a regular file (a FIFO, device or socket); give a "
+                         "file")
+    return path
 
 
 def _json_safe(value):
@@ -135,7 +204,19 @@ def _launch_ranks(args: argparse.Namespace, ranks: int, out: str) -> int:
         argv += [flag] if value is True else [flag, str(value)]
     argv[argv.index("--ranks") + 1] = str(ranks)
     argv += [] if args.out else ["--out", out]
-    code = run_ranks(ranks, [sys.executable, "-m", "linearkit.cli", *argv])
+    before = _file_identity(out)
+    try:
+        code = run_ranks(ranks, [sys.executable, "-m", "linearkit.cli", *argv])
+    except KeyboardInterrupt:
+        # run_ranks has waited for mpirun to end. Rank 0 saves after the last step, renaming a
+        # complete file over OUT, so a changed OUT means training and saving had completed; what
+        # can still have been cut is rank 0's report, which rank 0 prints itself.
+        if _file_identity(out) not in (None, before):
+            raise _Interrupted(
+                f"linearkit train: interrupted as the {ranks}-rank job was ending: the weights "
+                f"had been saved to {out} (the file is complete); rank 0's report above may be "
+                "cut short", 130) from None
+        raise
     if code:
         print(f"linearkit train: error: the {ranks}-rank job failed (mpirun exit status {code}); "
               "the failing rank's message is above", file=sys.stderr)
@@ -162,7 +243,7 @@ def _abort_job_on_error(inside: bool):
 def _train(args: argparse.Namespace) -> int:
     from ..data import mnist1d
     from ..io import save
-    from ..recipes.mnist1d import PAPER_ACCURACY, train
+    from ..recipes.mnist1d import train
 
     _need_cli_extra("train")
     out = args.out or f"runs/mnist1d-{args.model}.safetensors"
@@ -183,8 +264,8 @@ def _train(args: argparse.Namespace) -> int:
         return _launch_ranks(args, ranks, out)
     lead = not inside or _rank_is_zero()
     if os.path.exists(out) and lead:
-        print(f"linearkit train: {out} exists and will be replaced when training ends "
-              f"(Ctrl-C now keeps it)", file=sys.stderr)
+        print(terminal_safe(f"linearkit train: {out} exists and will be replaced when training "
+                            "ends (Ctrl-C now keeps it)"), file=sys.stderr)
 
     bar = None
     progress = None
@@ -225,14 +306,44 @@ def _train(args: argparse.Namespace) -> int:
     if not lead:
         return 0  # rank 0 saves and reports
     recipe = {k: v for k, v in vars(args).items() if k != "run"}
-    with _abort_job_on_error(inside):
-        save(model, out, metadata={"linearkit.recipe": json.dumps(recipe, default=str)})
+    before = _file_identity(out)
+    try:
+        with _abort_job_on_error(inside):
+            save(model, out, metadata={"linearkit.recipe": json.dumps(recipe, default=str)})
+    except KeyboardInterrupt:
+        if _file_identity(out) in (None, before):
+            raise  # before the rename: the old file (if any) is kept, the temp file removed
+        raise _saved_then_interrupted(out, reported=False) from None
+    reported = False
+    try:
+        _report_training(args, model, result, out)
+        sys.stdout.flush()
+        reported = True
+    except KeyboardInterrupt:
+        raise _saved_then_interrupted(out, reported) from None
+    return 0
+
+
+def _saved_then_interrupted(out: str, reported: bool) -> _Interrupted:
+    """Ctrl-C after the weights were completely written: say so; 130 only when the report
+    (the summary, or the --json record) was left unprinted."""
+    if reported:
+        return _Interrupted(f"linearkit train: interrupted after the run had completed; the "
+                            f"weights are saved to {out}", 0)
+    return _Interrupted(f"linearkit train: interrupted after the weights were saved to {out} "
+                        "(the file is complete); the report on stdout was cut short", 130)
+
+
+def _report_training(args: argparse.Namespace, model, result, out: str) -> None:
+    """What ``train`` prints once the weights are saved: the --json record, or the summary."""
+    from ..recipes.mnist1d import PAPER_ACCURACY
+
     if args.json:
         record = {k: v for k, v in result.to_dict().items() if k != "history"}
         record["out"] = out
         record["flush_denormal"] = args.flush_denormal
         _print_json(record)
-        return 0
+        return
     print(model)
     print(f"parameters: {result.params:,}")
     print(f"trained {result.steps:,} steps in {result.seconds:.2f} s "
@@ -252,15 +363,17 @@ def _train(args: argparse.Namespace) -> int:
     print("paper (Greydanus 2020, MNIST-1D): logistic regression "
           f"{PAPER_ACCURACY['linear']:.0%}, MLP {PAPER_ACCURACY['mlp']:.0%}  "
           f"<- this run: {args.model} {result.test_accuracy:.1%}")
-    print(f"weights saved to {out}")
-    return 0
+    _say(f"weights saved to {out}")
 
 
 def _check_safetensors_file(path: str) -> None:
     """A file given to ``ledger`` must look like safetensors: an 8-byte little-endian header
     length, then that many bytes of JSON starting with ``{``."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    from ..storage.safetensors_header import open_regular
+
+    f, info = open_regular(path)  # a FIFO or a device is refused, never waited on or read
+    size = info.st_size
+    with f:
         head = f.read(9)
     n = int.from_bytes(head[:8], "little") if len(head) >= 8 else -1
     if len(head) < 9 or not 2 <= n <= size - 8 or head[8:9] != b"{":
@@ -274,6 +387,8 @@ def _ledger(args: argparse.Namespace) -> int:
     if os.path.isdir(args.model):
         raise UsageError(f"{args.model} is a folder; give a .safetensors file or a preset "
                          f"({', '.join(PRESETS)})")
+    if os.path.exists(args.model) and not os.path.isfile(args.model):
+        _input_file(args.model)  # a FIFO, device or socket: one line, never opened
     if os.path.isfile(args.model):
         _need_cli_extra("ledger FILE")
         _check_safetensors_file(args.model)
@@ -297,37 +412,61 @@ def _ledger(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report.to_dict())
     elif args.markdown:
-        print(report.to_markdown())
+        _say(report.to_markdown())
     else:
-        print(report)
+        _say(report)
     return 0
 
 
 def _inspect(args: argparse.Namespace) -> int:
     from ..analysis.inspect_file import describe_file, render
 
-    if not os.path.isfile(args.file):  # linearkit's own reader: no extra needed to inspect
-        raise UsageError(f"{args.file}: no such file")
+    _input_file(args.file)  # linearkit's own reader: no extra needed to inspect
     info = describe_file(args.file)
     if args.json:
-        _print_json(info)
+        _print_json(info)  # JSON escapes every control character itself
     else:
-        print(render(info))
+        _say(render(_escaped_file_info(info)))
     return 0
+
+
+def _escaped_keys(mapping: dict, escape) -> dict:
+    """``mapping`` with its keys escaped; two keys that escape alike (a control character and
+    its escape written out) are shown as their reprs, so neither hides the other."""
+    shown = [escape(k) for k in mapping]
+    return {(repr(k) if shown.count(e) > 1 else e): v
+            for (k, v), e in zip(mapping.items(), shown)}
+
+
+def _escaped_file_info(info: dict) -> dict:
+    """``describe_file``'s result with every string read from the file escaped for a terminal:
+    names and keys on one line each (a newline in a tensor name cannot fake a row), metadata
+    values and the architecture keeping their lines (``render`` indents them)."""
+    safe = dict(info)
+    safe["file"] = terminal_safe(info["file"])
+    safe["tensors"] = [dict(t, name=terminal_safe(t["name"])) for t in info["tensors"]]
+    safe["metadata"] = _escaped_keys(
+        {k: terminal_safe(v, keep_newlines=True) for k, v in info["metadata"].items()},
+        terminal_safe)
+    if info.get("architecture") is not None:
+        safe["architecture"] = terminal_safe(info["architecture"], keep_newlines=True)
+    return safe
 
 
 def _convert(args: argparse.Namespace) -> int:
     from ..io.convert import convert
 
     _need_cli_extra("convert")
-    if not os.path.isfile(args.source):
-        raise UsageError(f"{args.source}: no such file")
+    _input_file(args.source)
     check_writable_file(args.target)
+    if os.path.abspath(args.source) != os.path.abspath(args.target):  # else convert refuses
+        _replacing("convert", args.target, "once the conversion succeeds (Ctrl-C or an error "
+                   "keeps it)")
     try:
         convert(args.source, args.target, input_shape=args.input_shape)
     except ImportError as exc:
         raise UsageError(str(exc)) from None
-    print(f"wrote {args.target}")
+    _say(f"wrote {args.target}")
     return 0
 
 
@@ -340,14 +479,14 @@ def _compress(args: argparse.Namespace) -> int:
     _need_cli_extra("compress")
     for path in [args.source] + ([args.arch] if args.arch else []) + (
             [args.probe] if args.probe else []):
-        if not os.path.isfile(path):
-            raise UsageError(f"{path}: no such file")
+        _input_file(path)
     if not args.out.lower().endswith(".safetensors"):
         raise UsageError(f"-o {args.out}: compress writes a self-describing .safetensors model "
                          "file; convert it afterwards (linearkit convert) if you need another")
     if os.path.abspath(args.out) == os.path.abspath(args.source):
         raise UsageError(f"-o {args.out} is the input file; give another output path")
     check_writable_file(args.out, "-o")
+    _replacing("compress", args.out, "once compressing succeeds (Ctrl-C or an error keeps it)")
     probe = None
     if args.probe:
         try:
@@ -371,9 +510,9 @@ def _compress(args: argparse.Namespace) -> int:
 
     save(model, args.out)
     for report in reports:
-        print(report)
-    print(f"wrote {args.out}: {os.path.getsize(args.source):,} -> "
-          f"{os.path.getsize(args.out):,} bytes on disk")
+        _say(report)
+    _say(f"wrote {args.out}: {os.path.getsize(args.source):,} -> "
+         f"{os.path.getsize(args.out):,} bytes on disk")
     return 0
 
 
@@ -402,7 +541,7 @@ def _size_list(text: str) -> list[int]:
 def _sweep(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from ..analysis.layer_sweep import batch_sweep, dim_sweep, powers_of_two
+    from ..analysis.layer_sweep import SweepTooLarge, batch_sweep, dim_sweep, powers_of_two
 
     if args.plot is not None:
         if not args.plot.lower().endswith(".png"):
@@ -429,6 +568,10 @@ def _sweep(args: argparse.Namespace) -> int:
                                  backward=args.backward, repeats=args.repeats, threads=threads_)
     except ImportError as exc:  # --threads N without threadpoolctl
         raise UsageError(str(exc)) from None
+    except SweepTooLarge as exc:  # checked before any array is allocated
+        flags = ("--dims or --batch" if args.dims is not None
+                 else "--in-features, --out-features or --max-batch/--batches")
+        raise UsageError(f"{exc} (use smaller {flags})") from None
     if args.plot is not None:
         from ..analysis.layer_sweep_plot import plot_sweep
 
@@ -440,7 +583,7 @@ def _sweep(args: argparse.Namespace) -> int:
         return 0
     print(result.table())
     if args.plot is not None:
-        print(f"plot written to {args.plot}")
+        _say(f"plot written to {args.plot}")
     return 0
 
 
@@ -609,10 +752,60 @@ def _stdout_closed() -> int:
     return 141
 
 
+_OS_FIXES = {  # errno -> what to do, for the one line an OSError becomes
+    errno.ENOSPC: "free some space on that filesystem, or write somewhere else",
+    getattr(errno, "EDQUOT", -1): "your disk quota is used up: free some space, or write "
+                                  "somewhere else",
+    errno.EACCES: "check the permissions of the file and of its folder, or use another path",
+    errno.EPERM: "check the permissions of the file and of its folder, or use another path",
+    errno.EROFS: "that filesystem is read-only: write somewhere writable",
+    errno.ENOENT: "check that the path exists (was its folder removed or renamed meanwhile?)",
+    errno.EISDIR: "a folder is in the way: name a file",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: fix the path",
+    errno.ENAMETOOLONG: "use a shorter path",
+    errno.EFBIG: "the file is too large for that filesystem: write to another one",
+    errno.EMFILE: "too many open files: raise the limit (ulimit -n) or close other programs",
+    errno.ENFILE: "too many open files on this machine: close other programs",
+    errno.EIO: "the device reported an I/O error: check the disk",
+}
+
+
+def _outputs(args) -> list[str]:
+    """The files this command writes (train's default --out included)."""
+    if args is None:
+        return []
+    paths = [getattr(args, name, None) for name in ("out", "target", "plot")]
+    if getattr(args, "command", None) == "train" and not args.out:
+        paths.append(f"runs/mnist1d-{args.model}.safetensors")
+    return [os.path.abspath(p) for p in paths if isinstance(p, str)]
+
+
+def _os_error_line(exc: OSError, args) -> str:
+    """An OSError as one line: the file (when known), what was being done, the system's reason
+    and the fix; for an output, that the previous file is unchanged (writes are atomic)."""
+    reason = exc.strerror or " ".join(str(exc).split()) or type(exc).__name__
+    code = errno.errorcode.get(exc.errno) if exc.errno is not None else None
+    got = f"{reason} ({code})" if code else reason
+    fix = _OS_FIXES.get(exc.errno, "check the path and the device, then run the command again")
+    name = exc.filename
+    if name is None:
+        return f"{got}; {fix}"
+    name = os.fsdecode(name) if isinstance(name, bytes) else str(name)
+    full = os.path.abspath(name)
+    writing = any(out == full or out.startswith(full.rstrip(os.sep) + os.sep)
+                  for out in _outputs(args))
+    if writing:  # the writes are atomic: the old file is whole, or there was none
+        kept = ("the file there is unchanged" if os.path.isfile(full)
+                else "no file was created")
+        return f"cannot write {name}: {got}; {kept} and no partial file is left; {fix}"
+    return f"{name}: {got}; {fix}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``linearkit ARGV``; returns the exit status (see the module docstring)."""
     parser = build_parser()
     command = "linearkit"
+    args = code = None
     try:
         args = parser.parse_args(argv)
         command = f"linearkit {args.command}"
@@ -620,19 +813,36 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe surfaces here, not at exit
         return code
     except KeyboardInterrupt:
+        if code is not None:  # the command had returned: the interrupt stopped nothing of it
+            print(f"{command}: interrupted after the command had completed", file=sys.stderr)
+            return code
         print(f"{command}: interrupted; partial results were discarded", file=sys.stderr)
         return 130
+    except _Interrupted as exc:
+        print(terminal_safe(exc.message), file=sys.stderr)
+        return exc.code
     except BrokenPipeError:
         return _stdout_closed()
     except USER_ERRORS as exc:
         kind = "" if isinstance(exc, UsageError) else f"{type(exc).__name__}: "
         message = " ".join(str(exc).replace("\n  hint: ", " -- hint: ").split())
-        print(f"{command}: error: {kind}{message}", file=sys.stderr)
+        print(terminal_safe(f"{command}: error: {kind}{message}"), file=sys.stderr)
+        return 2
+    except OSError as exc:  # the disk, the permissions, the filesystem: not a bug in linearkit
+        print(terminal_safe(f"{command}: error: {_os_error_line(exc, args)}"), file=sys.stderr)
+        return 2
+    except MemoryError as exc:
+        detail = " ".join(str(exc).split())
+        print(terminal_safe(f"{command}: error: out of memory"
+                            f"{f' ({detail})' if detail else ''}: the work asked for does not fit "
+                            "in this machine's memory; no output file was replaced; use smaller "
+                            "sizes or close other programs"), file=sys.stderr)
         return 2
     except Exception:
         import traceback
 
-        traceback.print_exc()
+        # escaped too: the exception's message may quote a name read from a file
+        sys.stderr.write(terminal_safe(traceback.format_exc(), keep_newlines=True))
         print(f"{command}: internal error: this is a bug in linearkit; please report it with "
               f"the command line and the traceback above", file=sys.stderr)
         return 1

@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import struct
 
 import numpy as np
 
 from ..errors import FormatError
 
-__all__ = ["HEADER_CAP", "read_header", "read_tensors"]
+__all__ = ["HEADER_CAP", "open_regular", "read_header", "read_tensors"]
 
 HEADER_CAP = 100_000_000  # bytes; the reference implementation's own limit
 
@@ -66,10 +67,47 @@ def _looks_like(head: bytes) -> str | None:
     return None
 
 
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(path, mode: int):
+    kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+    _fail(path, f"not a regular file: it is {kind}, where a .safetensors file was expected",
+          hint="give the path of a .safetensors file")
+
+
+def open_regular(path) -> tuple:
+    """``(binary file object, os.stat_result)`` of ``path``, refused unless a regular file.
+
+    Checked before ``open`` (a FIFO would block the open until a writer comes, a device such as
+    /dev/zero would be read for ever), then again on the opened descriptor, which is what is read:
+    a path swapped for something else between the two is refused too. ``O_NONBLOCK`` keeps the
+    open itself from waiting on a FIFO; it changes nothing for a regular file. A missing file
+    stays FileNotFoundError, which names it.
+    """
+    path = os.fspath(path)
+    before = os.stat(path)
+    if not stat.S_ISREG(before.st_mode):
+        _not_regular(path, before.st_mode)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            _not_regular(path, info.st_mode)
+        return os.fdopen(fd, "rb"), info
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _raw_header(path: str) -> tuple[bytes, int, int]:
     """The header's bytes, its length and the file's size, after the length checks."""
-    size = os.path.getsize(path)  # a missing file stays FileNotFoundError, which names it
-    with open(path, "rb") as f:
+    f, info = open_regular(path)
+    size = info.st_size
+    with f:
         head = f.read(8)
         if len(head) < 8:
             what = "empty" if not head else f"only {len(head)} bytes long"
@@ -197,7 +235,8 @@ def read_tensors(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """
     entries, metadata, data_start, _ = read_header(path)
     tensors = {}
-    with open(os.fspath(path), "rb") as f:
+    f, _ = open_regular(path)
+    with f:
         for name, (dtype, shape, begin, end) in entries.items():
             kind = _dtype(path, name, dtype)
             buffer = np.empty(end - begin, np.uint8)

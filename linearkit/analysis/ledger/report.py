@@ -1,5 +1,9 @@
 """The ledger's report: ``Row`` and ``Finding`` records, and ``Ledger`` with its text table,
 Markdown and plain-dict forms. Nothing here computes a number; it only lays them out.
+
+Names in the text and Markdown forms can come from a file (module paths, the source); each is
+passed through ``terminal_safe`` there, so a control character in a file reaches the terminal
+escaped. ``to_dict`` keeps them as they are (JSON escapes them itself).
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ...rules.builtin import linear_text  # the type column of a Linear, as its rule writes it
+from ..render import terminal_safe
 from .costs import CONVENTIONS
 
 __all__ = ["Finding", "Ledger", "Row", "human_bytes", "linear_text"]
@@ -148,11 +153,12 @@ class Ledger:
     def _cells(self) -> list[list[str]]:
         out = []
         for row in self.rows:
-            out.append(["  " * row.depth + (row.path or "(model)"), row.type,
-                        _shape(row.input_shape), _shape(row.output_shape), _num(row.params),
+            out.append(["  " * row.depth + terminal_safe(row.path or "(model)"),
+                        terminal_safe(row.type), _shape(row.input_shape),
+                        _shape(row.output_shape), _num(row.params),
                         _num(row.trainable_params), _num(row.macs), _num(row.flops),
                         _num(row.backward_flops), _num(row.output_bytes), _num(row.saved_bytes),
-                        row.note])
+                        terminal_safe(row.note)])
         return out
 
     def _memory_items(self):
@@ -162,6 +168,9 @@ class Ledger:
             if key in ("buffers", "master") and not self.memory[key]:
                 continue
             yield key, self.memory[key]
+
+    def _title(self) -> str:
+        return f"{terminal_safe(self.model_name)} ({terminal_safe(self.source)})"
 
     def _input_text(self) -> str:
         return "none" if self.input_shape is None else _shape(self.input_shape)
@@ -193,17 +202,18 @@ class Ledger:
                              for i, (c, w) in enumerate(zip(r, widths))).rstrip()
 
         shape = self._input_text()
-        lines = [f"Ledger of {self.model_name} ({self.source}), input {shape}", fmt(self._COLUMNS),
+        lines = [f"Ledger of {self._title()}, input {shape}", fmt(self._COLUMNS),
                  fmt(["-" * w for w in widths])]
         lines += [fmt(r) for r in cells]
         lines += [""] + self._summary_lines()
         lines += [""] + textwrap.wrap("Conventions: " + self.conventions, 100)
         for n in self.notes:
-            lines += textwrap.wrap("Note: " + n, 100, subsequent_indent="  ")
+            lines += textwrap.wrap("Note: " + terminal_safe(n), 100, subsequent_indent="  ")
         if self.findings:
             lines += ["", "Findings:"]
             for f in self.findings:
-                lines += textwrap.wrap(str(f), 100, initial_indent="  - ", subsequent_indent="    ")
+                lines += textwrap.wrap(terminal_safe(f), 100, initial_indent="  - ",
+                                       subsequent_indent="    ")
         else:
             lines += ["", "Findings: none."]
         return "\n".join(lines)
@@ -215,7 +225,9 @@ class Ledger:
 
         cells = self._cells()
         shape = self._input_text()
-        lines = [f"**Ledger of `{self.model_name}`** ({self.source}), input `{shape}`", "",
+        title = (f"**Ledger of `{terminal_safe(self.model_name)}`** "
+                 f"({terminal_safe(self.source)})")
+        lines = [f"{title}, input `{shape}`", "",
                  "| " + " | ".join(self._COLUMNS) + " |",
                  "|" + "|".join("---:" if i in self._NUMERIC else "---"
                                 for i in range(len(self._COLUMNS)))
@@ -234,12 +246,12 @@ class Ledger:
         for key, value in self._memory_items():
             lines.append(f"| {key.replace('_', ' ')} | {_num(value)} | {human_bytes(value)} |")
         lines += ["", "Conventions: " + self.conventions]
-        lines += [f"Note: {n}" for n in self.notes]
+        lines += [f"Note: {terminal_safe(n)}" for n in self.notes]
         lines += ["", "**Findings**", ""]
-        lines += [f"- {esc(str(f))}" for f in self.findings] or ["none."]
+        lines += [f"- {esc(terminal_safe(f))}" for f in self.findings] or ["none."]
         return "\n".join(lines) + "\n"
 
     def __repr__(self) -> str:
         t = self.totals
-        return (f"<Ledger {self.model_name}: {t['params']:,} params, {_num(t['flops'])} FLOPs, "
+        return (f"<Ledger {terminal_safe(self.model_name)}: {t['params']:,} params, {_num(t['flops'])} FLOPs, "
                 f"{human_bytes(self.memory['total'])} for one training step>")
