@@ -285,3 +285,14 @@ def test_a_regular_file_still_reads_and_a_missing_one_stays_file_not_found(tmp_p
     np.testing.assert_array_equal(lk.load(path)["w"], _state()["w"])
     with pytest.raises(FileNotFoundError, match="nope"):
         lk.load(tmp_path / "nope.safetensors")
+
+
+def test_a_header_nested_100000_deep_is_a_format_error_not_a_recursion_error(tmp_path):
+    """json.loads stops at Python's recursion limit: that is a malformed header, said as such."""
+    import struct
+
+    path = tmp_path / "deep.safetensors"
+    header = b'{"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    path.write_bytes(struct.pack("<Q", len(header)) + header)
+    with pytest.raises(lk.FormatError, match="nests deeper than a reader can follow"):
+        lk.load(path)

@@ -50,14 +50,13 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import itertools
 import json
 import numbers
-import re
 from dataclasses import dataclass, field
 
 from ..core.module import Module
 from ..errors import FormatError
+from ..storage.json_depth import json_depth
 
 __all__ = ["FORMAT", "MAX_BRACKETS", "MAX_DEPTH", "MAX_NAME", "MAX_NODES", "MAX_SPEC_CHARS",
            "SpecNode", "build_model", "check_spec", "describe_spec", "model_spec",
@@ -87,8 +86,6 @@ _RESAVE = ("the architecture and the tensors do not belong together (edited or m
 
 # A JSON string (escapes included; the unrolled form cannot backtrack badly), or a run of
 # characters that are neither brackets nor quotes: what the nesting scan removes.
-_NOT_BRACKETS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[^\[\]{}"]+')
-_DELTA = {"[": 1, "{": 1, "]": -1, "}": -1}
 # Attributes every Module instance has before a child is added (Module.__init__ sets them).
 _INSTANCE_SLOTS = frozenset({"_parameters", "_buffers", "_non_persistent", "_modules",
                              "training", "_hooks"})
@@ -140,18 +137,6 @@ def _refuse(problem: str, source, hint: str = _REWRITE):
     raise FormatError(problem, path=source, hint=hint)
 
 
-def _json_depth(text: str) -> int:
-    """The deepest nesting of ``[`` / ``{`` in ``text``, brackets inside strings not counted:
-    an upper bound on the recursion ``json.loads`` needs for it (exact for valid JSON).
-
-    One C-speed regex pass drops the strings and everything but brackets; the running sum
-    (+1 per opener, -1 per closer) is then taken by ``itertools.accumulate`` and ``max``, in C,
-    in constant memory. No recursion, whatever the depth.
-    """
-    brackets = _NOT_BRACKETS.sub("", text).replace('"', "")  # an unclosed quote: invalid anyway
-    return max(itertools.accumulate(map(_DELTA.__getitem__, brackets)), default=0)
-
-
 def _no_duplicate_keys(source):
     def hook(pairs):
         out = dict(pairs)
@@ -185,7 +170,7 @@ def spec_from_json(text: str, source: str = "<spec>") -> dict:
         _refuse(f"the model architecture holds {openers:,} JSON objects and arrays, more than "
                 f"the {MAX_BRACKETS:,} that {MAX_NODES:,} modules (the most a model file may "
                 "describe) need", source)
-    depth = _json_depth(text)
+    depth = json_depth(text)
     if depth > _JSON_DEPTH:
         _refuse(f"the model architecture nests deeper than {MAX_DEPTH} modules (its JSON is "
                 f"{depth:,} levels deep, more than the {_JSON_DEPTH} that {MAX_DEPTH} modules "

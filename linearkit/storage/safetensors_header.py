@@ -153,6 +153,10 @@ def read_header(path) -> tuple[dict, dict, int, int]:
     except json.JSONDecodeError as err:
         raise FormatError(f"the header is not JSON ({err.msg} at character {err.pos})",
                           path=path, hint=_REWRITE) from None
+    except RecursionError:          # nesting past the parser's limit; a valid header nests 3
+        raise FormatError("the header's JSON nests deeper than a reader can follow (a safetensors "
+                          "header nests 3 levels: entries, each with a shape list)", path=path,
+                          hint=_REWRITE) from None
     if not isinstance(header, dict):
         _fail(path, f"the header is a JSON {type(header).__name__}, not an object")
     data_start, data_size = 8 + length, size - 8 - length
