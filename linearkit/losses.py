@@ -239,6 +239,9 @@ class BCEWithLogitsLoss(_Loss):
         if self.reduction != "none":
             total = loss.sum()
             loss = np.asarray(total / n if self.reduction == "mean" else total, dtype=x.dtype)
+        else:
+            # A 0-d input's arithmetic gives a NumPy scalar; the loss is an ndarray either way.
+            loss = np.asarray(loss)
 
         def backward(dy=None):
             r = self._scale(dy, n)

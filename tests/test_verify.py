@@ -170,8 +170,9 @@ def test_shape_disagreement_and_nan_are_reports_not_exceptions():
 
 def test_bad_arguments_are_clear():
     layer = _linear(4, 2)
-    with pytest.raises(ValueError, match="probe array or input_shape"):
-        verify(layer, layer)
+    assert verify(layer, layer).probe_shape == (16, 4)     # a probe of the model's input width
+    with pytest.raises(ValueError, match="cannot tell the input width of function"):
+        verify(lambda x: x, lambda x: x)
     with pytest.raises(ValueError, match="either probe or input_shape"):
         verify(layer, layer, np.zeros((1, 4), np.float32), input_shape=(1, 4))
     with pytest.raises(TypeError, match="reference_fn must be callable"):

@@ -19,7 +19,8 @@ Decisions:
   ``module``, as in linearkit, so the keys agree; ``from_torch`` converts it back.
 * ``nn.LazyLinear`` converts once materialized (PyTorch then turns it into an ``nn.Linear``);
   an unmaterialized one, on either side, is refused: its weights do not exist yet.
-* Dtypes are kept (float16, float32, float64); each module's training flag and each
+* Dtypes are kept (float16, bfloat16, float32, float64; bfloat16 is ``ml_dtypes.bfloat16`` on
+  the linearkit side, its 16 bits carried over unchanged); each module's training flag and each
   parameter's ``requires_grad`` are copied; a module shared under two names stays shared; every
   parameter and buffer is copied through ``load_state_dict`` with ``strict=True``, so the
   state-dict keys are identical.
@@ -35,11 +36,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import precision
 from ..errors import FormatError
 from ..core.module import Module
 from ..rules import registered_types, torch_twins
 
-__all__ = ["from_torch", "load_torch_state", "to_torch"]
+__all__ = ["array_to_tensor", "from_torch", "load_torch_state", "tensor_to_numpy", "to_torch"]
 
 
 def _torch():
@@ -82,19 +84,54 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _dtypes() -> dict:
+    """``{torch dtype: NumPy dtype}`` of the floating dtypes both sides store (bfloat16 only
+    where ml_dtypes, which gives NumPy that dtype, is installed)."""
+    torch = _torch()
+    names = {torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
+             torch.float64: np.dtype(np.float64)}
+    try:
+        names[torch.bfloat16] = precision.bfloat16()
+    except ImportError:
+        pass
+    return names
+
+
+def tensor_to_numpy(t) -> np.ndarray:
+    """A torch tensor's values as a new ndarray of the same dtype; bfloat16 (which NumPy's
+    ``Tensor.numpy()`` refuses) goes through its 16 bits: int16 on the torch side, viewed as
+    ``ml_dtypes.bfloat16`` — every value, NaN payloads and signed zeros included, unchanged."""
+    torch = _torch()
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(precision.bfloat16()).copy()
+    return t.numpy().copy()
+
+
+def array_to_tensor(a):
+    """An ndarray as a torch tensor of the same dtype (bfloat16 by its 16 bits, as
+    ``tensor_to_numpy``), owning its memory."""
+    torch = _torch()
+    a = np.array(a)  # a copy: the tensor must not share the model's memory
+    if precision.is_16bit(a.dtype) and a.dtype != np.float16:  # ml_dtypes.bfloat16
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
 def _dtype(tm, where: str, default, recurse: bool = False):
     """The NumPy dtype of a torch module's own tensors (``default`` when it has none)."""
-    torch = _torch()
+    names = _dtypes()
     for t in list(tm.parameters(recurse=recurse)) + list(tm.buffers(recurse=recurse)):
         if t.is_floating_point():
-            names = {torch.float16: np.float16, torch.float32: np.float32,
-                     torch.float64: np.float64}
             if t.dtype not in names:
                 if recurse:  # the model's default: the module itself will be named
                     continue
+                hint = ("bfloat16 needs the ml_dtypes package (pip install ml_dtypes), or "
+                        "convert it first: module.float()" if t.dtype == _torch().bfloat16
+                        else "convert it first: module.float()")
                 raise FormatError(f"{where} holds {t.dtype} tensors; linearkit stores float16, "
-                                  "float32 or float64", hint="convert it first: module.float()")
-            return np.dtype(names[t.dtype])
+                                  "bfloat16, float32 or float64", hint=hint)
+            return names[t.dtype]
     return default
 
 
@@ -191,7 +228,7 @@ def from_torch(module, *, dtype=None) -> Module:
     default = np.dtype(dtype) if dtype is not None else _dtype(
         module, "the torch model", np.dtype(np.float32), recurse=True)
     model = _convert(module, table, "torch", lambda m, where: _dtype(m, where, default), {})
-    model.load_state_dict({k: v.detach().cpu().numpy() for k, v in module.state_dict().items()})
+    model.load_state_dict({k: tensor_to_numpy(v) for k, v in module.state_dict().items()})
     _copy_requires_grad(module.named_parameters(), model.named_parameters())
     return model
 
@@ -203,19 +240,22 @@ def to_torch(model: Module):
     ``lk.Residual`` becomes ``TorchResidual``. An unsupported module raises
     ``linearkit.FormatError`` naming its path and type.
     """
-    torch = _torch()
+    _torch()  # without torch: the ModuleNotFoundError naming the extra, before anything else
     if not isinstance(model, Module):
         raise TypeError(f"to_torch expects a linearkit Module, got {type(model).__name__}")
     table = _table("linearkit")
-    dtypes = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
-              np.dtype(np.float64): torch.float64}
+    dtypes = {numpy: t for t, numpy in _dtypes().items()}
 
     def dtype_of(m, where):
-        return dtypes[np.dtype(getattr(m, "dtype", np.float32))]
+        dtype = np.dtype(getattr(m, "dtype", np.float32))
+        if dtype not in dtypes:
+            raise FormatError(f"{where} stores {dtype}, which has no torch dtype here; expected "
+                              "float16, bfloat16, float32 or float64",
+                              hint="convert it first: model.to(np.float32)")
+        return dtypes[dtype]
 
     module = _convert(model, table, "linearkit", dtype_of, {})
-    module.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in
-                            model.state_dict().items()})
+    module.load_state_dict({k: array_to_tensor(v) for k, v in model.state_dict().items()})
     _copy_requires_grad(model.named_parameters(), module.named_parameters())
     return module
 

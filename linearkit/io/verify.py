@@ -11,13 +11,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import precision
 from ..core.module import Module
+from ..rules import is_lazy
 
 __all__ = ["VerifyReport", "verify"]
 
-# torch.testing.assert_close's defaults (rtol, atol) per dtype.
+# torch.testing.assert_close's defaults (rtol, atol) per dtype; bfloat16's are added by name
+# (``_tolerances``), since naming its dtype needs ml_dtypes.
 _TOLERANCES = {np.dtype(np.float16): (1e-3, 1e-5), np.dtype(np.float32): (1.3e-6, 1e-5),
                np.dtype(np.float64): (1e-7, 1e-7)}
+_BF16_TOLERANCES = (1.6e-2, 1e-5)
+
+#: Rows of the random probe drawn when neither ``probe`` nor ``input_shape`` is given.
+PROBE_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -72,24 +79,78 @@ class VerifyReport:
 def _model_dtype(model) -> np.dtype:
     if isinstance(model, Module):
         for p in model.parameters():
-            if p.data.dtype.kind == "f":
+            if precision.is_float(p.data.dtype):  # bfloat16 (kind 'V') included
                 return p.data.dtype
     return np.dtype(np.float32)
 
 
+def _tolerances(dtype: np.dtype) -> tuple[np.dtype, tuple[float, float]]:
+    """The dtype the report names and torch.testing's default ``(rtol, atol)`` for it."""
+    if dtype in _TOLERANCES:
+        return dtype, _TOLERANCES[dtype]
+    if precision.is_16bit(dtype):  # ml_dtypes.bfloat16
+        return dtype, _BF16_TOLERANCES
+    return np.dtype(np.float32), _TOLERANCES[np.dtype(np.float32)]
+
+
 def _as_array(y) -> np.ndarray:
-    if hasattr(y, "detach"):  # a torch tensor (one that requires grad too)
-        y = y.detach().cpu().numpy()
+    if hasattr(y, "detach"):  # a torch tensor (one that requires grad too); bfloat16 by its bits
+        from .torch import tensor_to_numpy
+        return tensor_to_numpy(y)
     return np.asarray(y)
+
+
+def _first_input(model: Module) -> tuple[str, Module | None, tuple | None]:
+    """``(path, layer, width)``: the first module, in registration order, that says what input
+    it takes, and that feature shape — a Linear's ``(in_features,)``, a norm's normalized shape
+    or channel count; width None when an unmaterialized lazy layer comes first (the input's
+    width is what it has yet to learn), ``('', None, None)`` when no module tells. The same
+    reading as the transforms' random probes (``transforms.transform_report.first_input``;
+    io and transforms do not import each other)."""
+    for path, m in model.named_modules():
+        if is_lazy(m):
+            return path, m, None
+        n_in = getattr(m, "in_features", None)
+        if isinstance(n_in, int):
+            return path, m, (n_in,)
+        shape = getattr(m, "normalized_shape", None)
+        if shape is not None:
+            return path, m, tuple(shape)
+        c = getattr(m, "num_features", None)
+        if isinstance(c, int):
+            return path, m, (c,)
+    return "", None, None
+
+
+def _default_shape(model) -> tuple:
+    """``(PROBE_ROWS, *in)`` for a model whose input width its layers tell (``_first_input``);
+    a ValueError asking for a probe otherwise — an unmaterialized LazyLinear first among them
+    named by its path."""
+    module = isinstance(model, Module)
+    path, layer, width = _first_input(model) if module else ("", None, None)
+    if width is not None:
+        return (PROBE_ROWS, *width)
+    if layer is not None:  # a lazy layer comes first: its width is the input's, still unknown
+        where = f"'{path}'" if path else "the model"
+        raise ValueError(f"verify: {where} ({type(layer).__name__}) is not materialized, so the "
+                         "model's input width is unknown; pass a probe array (a batch of real "
+                         "inputs) or input_shape=(batch, in_features)")
+    why = ("no layer with in_features or a normalized shape" if module
+           else "not a linearkit Module")
+    raise ValueError(f"verify: cannot tell the input width of {type(model).__name__} ({why}); "
+                     "pass a probe array, or input_shape=(batch, in_features) for a random "
+                     "standard-normal one")
 
 
 def _reference_call(reference_fn):
     """``reference_fn`` as ndarray -> ndarray; a torch module is called on a tensor, no grad."""
     torch = sys.modules.get("torch")  # a torch module can exist only if torch is imported
     if torch is not None and isinstance(reference_fn, torch.nn.Module):
+        from .torch import array_to_tensor
+
         def call(x):
             with torch.no_grad():
-                return reference_fn(torch.from_numpy(np.ascontiguousarray(x)))
+                return reference_fn(array_to_tensor(np.ascontiguousarray(x)))
         return call
     if not callable(reference_fn):
         raise TypeError(f"verify: reference_fn must be callable (array -> array) or a torch "
@@ -113,10 +174,14 @@ def verify(model, reference_fn, probe=None, *, input_shape=None, rtol=None, atol
         The known input. When omitted, a standard normal array of shape ``input_shape`` is
         drawn from ``numpy.random.default_rng(seed)`` in the model's parameter dtype.
     input_shape : tuple of int, optional
-        The random probe's shape; needed exactly when ``probe`` is None.
+        The random probe's shape. Default, when ``probe`` is None too: ``(16, in_features)``,
+        the width read off a linearkit ``model`` — its first layer's ``in_features`` (or a
+        norm's normalized shape), as the transforms' probes do. A model whose width cannot be
+        read (a plain callable, an unmaterialized ``LazyLinear`` first) is a ValueError asking
+        for ``probe`` or ``input_shape``.
     rtol, atol : float, optional
         Default to torch.testing's for the probe's dtype: float32 1.3e-6 / 1e-5, float64
-        1e-7 / 1e-7, float16 1e-3 / 1e-5.
+        1e-7 / 1e-7, float16 1e-3 / 1e-5, bfloat16 1.6e-2 / 1e-5.
 
     Returns
     -------
@@ -131,20 +196,21 @@ def verify(model, reference_fn, probe=None, *, input_shape=None, rtol=None, atol
     >>> w, b = layer.weight.data, layer.bias.data
     >>> verify(layer, lambda x: x @ w.T + b, input_shape=(4, 3)).ok
     True
+    >>> verify(layer, lambda x: x @ w.T + b).probe_shape  # the width read off the layer
+    (16, 3)
     """
     if probe is None:
         if input_shape is None:
-            raise ValueError("verify needs a probe array or input_shape=(batch, in_features) "
-                             "for a random standard-normal one")
-        shape = (input_shape,) if isinstance(input_shape, int) else tuple(input_shape)
+            shape = _default_shape(model)
+        else:
+            shape = (input_shape,) if isinstance(input_shape, int) else tuple(input_shape)
         probe = np.random.default_rng(seed).standard_normal(shape).astype(_model_dtype(model))
     elif input_shape is not None:
         raise ValueError("verify: give either probe or input_shape, not both")
     probe = np.asarray(probe)
     y = _as_array(model(probe))
     ref = _as_array(_reference_call(reference_fn)(probe))
-    dtype = probe.dtype if probe.dtype in _TOLERANCES else np.dtype(np.float32)
-    default_rtol, default_atol = _TOLERANCES[dtype]
+    dtype, (default_rtol, default_atol) = _tolerances(probe.dtype)
     rtol = default_rtol if rtol is None else float(rtol)
     atol = default_atol if atol is None else float(atol)
     common = {"rtol": rtol, "atol": atol, "probe_shape": probe.shape, "output_shape": y.shape,

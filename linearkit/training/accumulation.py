@@ -31,6 +31,7 @@ the optimizer steps (or the step is skipped on inf/NaN), then the scale updates.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from itertools import pairwise
 
@@ -101,7 +102,18 @@ def accumulate(model, loss_fn, x, y, *, micro_batches: int, scaler=None) -> floa
         ``len(x) != len(y)``, an empty batch, ``micro_batches`` not in ``[1, N]``, a loss with
         ``reduction='none'`` (or none at all), a CrossEntropyLoss batch whose targets carry
         zero total weight.
+
+    When a micro-batch raises (a ShapeError in the loss, a non-finite value under
+    ``detect_anomaly``, ...), every parameter's ``.grad`` is put back as it was before the call
+    — the same array with its old values, or None — and the error propagates: the gradients of
+    the micro-batches that ran before it are not left half-accumulated. (What their forwards
+    changed besides, such as BatchNorm's running statistics, stays.)
     """
+    with _grads_restored_on_error(_all_parameters(model, loss_fn)):
+        return _accumulate(model, loss_fn, x, y, micro_batches, scaler)
+
+
+def _accumulate(model, loss_fn, x, y, micro_batches, scaler) -> float:
     x, y, slices = _split(x, y, micro_batches)
     reduction = getattr(loss_fn, "reduction", None)
     if reduction not in ("mean", "sum"):
@@ -167,6 +179,9 @@ def accumulated_step(model, loss_fn, optimizer, x, y, *, micro_batches: int = 1,
     float
         The full batch's loss, before the update (also when the scaler skipped the step).
 
+    A micro-batch that raises leaves every ``.grad`` as it was before the call (see
+    :func:`accumulate`) and no step is taken.
+
     Examples
     --------
     >>> import numpy as np, linearkit as lk
@@ -184,7 +199,8 @@ def accumulated_step(model, loss_fn, optimizer, x, y, *, micro_batches: int = 1,
     (True, True)
     """
     check_clip(clip, f"{_WHERE}.accumulated_step")
-    loss = accumulate(model, loss_fn, x, y, micro_batches=micro_batches, scaler=scaler)
+    with _grads_restored_on_error(_all_parameters(model, loss_fn, optimizer)):
+        loss = _accumulate(model, loss_fn, x, y, micro_batches, scaler)
     return finish_step(optimizer, loss, scaler=scaler, clip=clip, set_to_none=set_to_none)
 
 
@@ -246,3 +262,48 @@ def _mean_counts(loss_fn, y: np.ndarray, slices: list[slice]) -> list[float]:
     if per_row is not None:
         return [float(per_row[rows].sum()) for rows in slices]
     return [float(rows.stop - rows.start) for rows in slices]
+
+
+def _all_parameters(*owners) -> list:
+    """The parameters of ``owners`` (modules, or an optimizer's ``param_groups``), each once."""
+    seen, params = set(), []
+    for owner in owners:
+        if hasattr(owner, "param_groups"):
+            found = [p for group in owner.param_groups for p in group["params"]]
+        elif hasattr(owner, "parameters"):
+            found = list(owner.parameters())
+        else:
+            continue
+        for p in found:
+            if id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+    return params
+
+
+@contextlib.contextmanager
+def _grads_restored_on_error(params: list):
+    """On an exception in the block, put each parameter's ``.grad`` back as it was on entry:
+    the same array object holding its old values (the backwards add into it in place), or
+    None; then re-raise. An all-zero gradient is remembered as "zeros" rather than copied, so
+    the usual case (gradients zeroed before the window) costs no memory."""
+    saved = []
+    for p in params:
+        g = p.grad
+        values = None if g is None else (_ZEROS if not np.any(g) else np.array(g, copy=True))
+        saved.append((p, g, values))
+    try:
+        yield
+    except BaseException:
+        for p, g, values in saved:
+            p.grad = g
+            if values is _ZEROS:
+                g[...] = 0
+                p.mark_zeroed()  # zeros in place: the next backward may overwrite them
+            elif g is not None:
+                g[...] = values
+        raise
+
+
+#: Marks a gradient that was all zeros on entry (restored by filling, not from a copy).
+_ZEROS = object()

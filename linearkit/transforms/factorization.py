@@ -28,7 +28,7 @@ from ..layers import Linear, Sequential
 from ..core.module import Module
 from ..rules import rule_for
 from ..analysis.timing import same_run_seconds
-from .transform_report import TransformReport
+from .transform_report import TransformReport, hooks_off
 from .walk import copy_model, finish, linear_from, named, select_linears, set_submodule
 
 __all__ = ["factorize", "factorize_weight"]
@@ -262,7 +262,8 @@ def factorize_with(model: Module, rank, energy, targets, *, probe=None, timing: 
         pair = _pair(layer, a, b)
         for p in where[id(layer)]:
             new = set_submodule(new, p, pair)
-        speedup = layer_speedup(layer, pair) if timing else None
+        with hooks_off(layer):  # the copy's layer keeps the user's hooks; timing fires none
+            speedup = layer_speedup(layer, pair) if timing else None
         entry = {"path": path, "rank": r, "energy_kept": info["energy_kept"],
                  "rel_error": info["rel_error"], "params_before": _count(layer),
                  "params_after": _count(pair), "speedup": speedup}

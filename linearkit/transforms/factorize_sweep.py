@@ -21,7 +21,7 @@ from ..core.module import Module
 from ..optim import Adam
 from ..analysis.timing import same_run_seconds
 from .factorization import NAME, check_choice, factorize_with
-from .transform_report import evaluating, state_size
+from .transform_report import evaluating, hooks_off, state_size, unhooked
 from .walk import copy_model, select_linears
 
 __all__ = ["RankSweep", "default_ranks", "rank_sweep"]
@@ -224,6 +224,14 @@ def rank_sweep(model: Module, data, ranks=None, *, energy=None, targets=None, fi
     choices = _choices(default_ranks(model, targets) if ranks is None and energy is None
                        else ranks, energy)
     tune = _finetune_args(finetune)
+    # Every run below (accuracy, fine-tuning, timing) is the sweep's own: on a hook-free copy of
+    # a model with call hooks, whose factorized copies then carry none either.
+    quiet = unhooked(model)
+    with hooks_off(quiet):
+        return _sweep(quiet, x, y, choices, tune, targets, repeats)
+
+
+def _sweep(model: Module, x, y, choices, tune, targets, repeats) -> RankSweep:
     loss_fn = CrossEntropyLoss()
     probe = x[:PROBE_ROWS]
 

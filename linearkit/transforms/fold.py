@@ -23,7 +23,7 @@ from ..layers import BatchNorm1d, LayerNorm, Linear
 from ..core.module import Module
 from ..rules import rule_for
 from .merge import as_float64, bias_through, edit_chains, join
-from .walk import copy_model, finish, linear_from, lists, named
+from .walk import Ties, copy_model, finish, linear_from, lists, named
 
 __all__ = ["fold_batchnorm_weights", "fold_layernorm_weights", "fold_norm"]
 
@@ -188,7 +188,20 @@ class _Folder:
     def __init__(self, root: Module, keep_batchnorm: bool):
         self.root_training = root.training
         self.keep_batchnorm = keep_batchnorm
+        self.ties = Ties(root)
         self.changed, self.left, self.layers = [], [], []
+
+    def tied(self, edited: list) -> str | None:
+        """Why the pair may not fold because a module the fold would replace or edit is tied
+        (used at other places too, which the fold here would not see), or None. ``edited``:
+        ``[(path, module), ...]`` of the modules the fold changes."""
+        for path, m in edited:
+            if self.ties.slots(m) > 1:
+                return (f"{self.ties.tied_text(path, m)}: a fold here is for this use alone, "
+                        "so it would either change the layer's other uses too or untie it from "
+                        "them; to fold, give this use its own copy first (copy.deepcopy of the "
+                        "layer at that path)")
+        return None
 
     # -- Linear then BatchNorm1d
     def linear_bn(self, pa: str, lin: Linear, pb: str, bn: BatchNorm1d):
@@ -319,7 +332,18 @@ class _Folder:
         while i < len(steps) - 1:
             (na, a), (nb, b) = steps[i], steps[i + 1]
             pa, pb = join(prefix, na), join(prefix, nb)
-            if _is(a, "linear") and _is(b, "batchnorm"):
+            # The modules each fold replaces: the Linear (and, keeping the BatchNorm, the
+            # BatchNorm whose running_mean it shifts; a folded-away BatchNorm is only read).
+            edited = ([(pa, a), (pb, b)] if _is(a, "layernorm") and _is(b, "linear") else
+                      [(pa, a), (pb, b)] if self.keep_batchnorm and _is(b, "batchnorm") else
+                      [(pa, a)])
+            foldable = ((_is(a, "linear") and _is(b, "batchnorm"))
+                        or (_is(a, "layernorm") and _is(b, "linear"))
+                        or (_is(a, "linear") and _is(b, "layernorm")))
+            why = self.tied(edited) if foldable else None
+            if why is not None:
+                self.left.append(f"{named(pa, a)} . {named(pb, b)}: not folded: {why}")
+            elif _is(a, "linear") and _is(b, "batchnorm"):
                 done = self.linear_bn(pa, a, pb, b)
                 if done is not None:
                     touched = True
@@ -363,6 +387,10 @@ def fold_norm(model: Module, *, probe=None, keep_batchnorm: bool = False):
     * ``Linear`` with a bias then ``LayerNorm`` over its ``out_features``: the bias's mean
       across features is removed (the LayerNorm cancels that part); the rest is kept, and
       ``report.left`` says why.
+
+    A module the fold would replace or edit that is used at other places too (tied: one
+    object at several paths) is left, with why in ``report.left``: the fold is for one use.
+    A chain used at several paths is folded once and the one new chain put at each of them.
 
     The folds assume the Linear's output is ``(N, out_features)`` (or ``(out_features,)``): on a
     3-D input a BatchNorm1d normalizes dim 1, not the Linear's output features. Layers whose

@@ -30,13 +30,15 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from .. import precision
 from ..layers import Linear
 from ..layers.lora import LoRALinear
 from ..core.module import Module
 from ..core.random import resolve
 from ..rules import is_lazy, rule_for
 from .transform_report import TransformReport
-from .walk import copy_model, finish, linear_from, lists, named, select_linears, set_submodule
+from .walk import (Ties, copy_model, finish, linear_from, lists, named, select_linears,
+                   set_submodule)
 
 __all__ = ["LoRAReport", "add_lora", "extract_lora", "extract_lora_weights", "merge_lora",
            "merge_lora_weights"]
@@ -194,8 +196,19 @@ def left_frozen(model: Module, adapted: set) -> list[str]:
 
 
 def wrap(layer: Linear, rank, alpha, dropout, rng) -> LoRALinear:
-    """``LoRALinear(layer, rank, alpha, dropout)`` in ``layer``'s training mode."""
-    lora = LoRALinear(layer, rank, alpha, dropout, rng=rng)
+    """``LoRALinear(layer, rank, alpha, dropout)`` in ``layer``'s training mode.
+
+    A bfloat16 layer (which NumPy's random draws cannot fill) is widened to float32 for the
+    adapter's initialization and the whole adapter then stored in bfloat16: the base weights
+    come back bit for bit (bfloat16 -> float32 -> bfloat16 is exact), ``A`` is its float32
+    draw rounded once. ``layer`` is the transform's copy, edited in place."""
+    store = layer.dtype
+    if precision.is_16bit(store) and store != np.float16:  # ml_dtypes.bfloat16
+        layer.to(np.float32)
+        lora = LoRALinear(layer, rank, alpha, dropout, rng=rng)
+        lora.to(store)
+    else:
+        lora = LoRALinear(layer, rank, alpha, dropout, rng=rng)
     lora.train(layer.training)
     return lora
 
@@ -243,16 +256,24 @@ def _refuse_named_non_linears(model: Module, targets, adapter_paths, transform: 
         raise TypeError(f"{transform}(): target {named(target, m)} {why}")
 
 
-def _refuse_tied(model: Module, chosen, transform: str) -> None:
-    where: dict[int, list[str]] = {}
-    for p, m in model.named_modules(remove_duplicate=False):
-        where.setdefault(id(m), []).append(p)
+def refuse_tied(model: Module, chosen, transform: str) -> None:
+    """A ValueError, saying why and what to do, for a chosen ``(path, Linear)`` held by several
+    slots of ``model`` (tied): an adapter wraps one use, and would untie the rest. A Linear at
+    several paths only because its container is shared is not refused: its adapter, put inside
+    that container, serves every path (``walk.Ties``)."""
+    ties = Ties(model)
     for path, layer in chosen:
-        paths = where.get(id(layer), [])
-        if len(paths) > 1:
-            raise ValueError(f"{transform}(): {named(path, layer)} is one Linear used at "
-                             f"{', '.join(map(repr, paths))} (tied): an adapter at one path "
-                             "would untie them; untie the layers first")
+        paths = ties.where(layer)
+        if ties.slots(layer) > 1:
+            rest = ", ".join(map(repr, paths[1:]))
+            other = ("" if transform == "load_adapter"
+                     else "; or leave the layer out with targets= naming the other layers")
+            raise ValueError(
+                f"{transform}(): {named(path, layer)} is one Linear used at "
+                f"{', '.join(map(repr, paths))} (tied), and an adapter wraps one use: the "
+                "others would keep the bare layer, silently untied from it. To adapt every use "
+                f"separately, untie them first: put a copy (copy.deepcopy of the layer) at "
+                f"{rest}{other}")
 
 
 # ---------------------------------------------------------------- add / merge
@@ -326,7 +347,7 @@ def add_lora(model: Module, rank: int = 8, alpha: float = 16, targets=None, drop
     if not chosen:
         raise ValueError("add_lora(): the model has no Linear layer to adapt"
                          + (" (every Linear is already inside an adapter)" if existing else ""))
-    _refuse_tied(new, chosen, "add_lora")
+    refuse_tied(new, chosen, "add_lora")
     gen = None if rng is None else resolve(rng)
     changed, layers, adapted = [], [], set()
     for path, layer in chosen:
@@ -485,7 +506,7 @@ def extract_lora(tuned: Module, base: Module, rank: int, *, alpha: float | None 
     _check_same_architecture(new, base)
     base_modules = dict(base.named_modules())
     chosen = select_linears(new, targets, "extract_lora")
-    _refuse_tied(new, chosen, "extract_lora")
+    refuse_tied(new, chosen, "extract_lora")
     changed, left, layers, adapted = [], [], [], set()
     for path, layer in chosen:
         ref = base_modules[path]

@@ -22,6 +22,7 @@ from .lora import (
     layer_info,
     left_frozen,
     lora_report,
+    refuse_tied,
     wrap,
 )
 from .walk import copy_model, finish, lists, named, set_submodule
@@ -180,6 +181,7 @@ def load_adapter(base: Module, path: str | os.PathLike, *, probe=None
         a = _adapter_tensor(path, tensors, key_a, (rank, layer.in_features))
         b = _adapter_tensor(path, tensors, key_b, (layer.out_features, rank))
         plan.append((target, layer, entry, a, b))
+    refuse_tied(new, [(target, layer) for target, layer, *_ in plan], "load_adapter")
     changed, layers, adapted = [], [], set()
     for target, layer, entry, a, b in plan:
         try:

@@ -24,7 +24,7 @@ import numpy as np
 from ..layers import Linear, Sequential
 from ..core.module import Module
 from ..rules import is_lazy, own_rule, rule_for
-from .walk import copy_model, finish, linear_from, lists, named, set_submodule
+from .walk import Ties, copy_model, finish, linear_from, lists, named, replace_everywhere, uses
 
 __all__ = ["merge_linear", "merge_weights"]
 
@@ -136,9 +136,11 @@ def edit_chains(root: Module, edit, transform: str = NAME) -> Module:
 
     ``steps`` is the chain's ``[(name, module), ...]`` in call order. Where ``edit`` returns a
     new list, the chain is rebuilt as a Sequential from an OrderedDict of it (the names kept,
-    the training mode kept) and put back at its path; None leaves it as it is. Returns the root
-    (a new one when the root itself was rebuilt).
+    the training mode kept) and put back at its path — at each of its paths, for a chain used
+    at several (tied): one rebuilt chain, tied the same way; None leaves it as it is. Returns
+    the root (a new one when the root itself was rebuilt).
     """
+    where = uses(root)  # read before any edit: the names a rebuilt chain keeps keep them valid
     chains = [(path, m) for path, m in root.named_modules() if is_chain(m, transform)]
     for path, seq in reversed(chains):  # reversed pre-order: every chain before its parents
         steps = edit(path, seq.named_steps())
@@ -146,7 +148,7 @@ def edit_chains(root: Module, edit, transform: str = NAME) -> Module:
             continue
         new = Sequential(OrderedDict(steps))
         new.training = seq.training
-        root = set_submodule(root, path, new)
+        root = replace_everywhere(root, where.get(id(seq), [path]), new)
     return root
 
 
@@ -328,10 +330,29 @@ def _merge_group(chain: _Chain, group: list, index: dict) -> tuple[Linear, dict,
     return new, info, line
 
 
+def _tied_outside(chain: _Chain, group: list, index: dict, ties: Ties) -> str | None:
+    """Why ``group`` may not merge because one of its Linears is tied to a use outside it (the
+    merged layer would replace it here only: its other uses would keep the old layer, untied),
+    or None. A layer whose every use is inside the group (``Sequential(a, a)``) merges."""
+    steps = [chain.steps[index[p]][1] for u in group for p in u.paths]
+    count: dict[int, int] = {}
+    for m in steps:
+        count[id(m)] = count.get(id(m), 0) + 1
+    for u in group:
+        for p in u.paths:
+            m = chain.steps[index[p]][1]
+            if ties.slots(m) > count[id(m)]:
+                return (f"{ties.tied_text(p, m)}: merging it here would replace it at this use "
+                        "only and untie it from the others; to merge, give this use its own "
+                        "copy first (copy.deepcopy of the layer at that path)")
+    return None
+
+
 def _edit(chain: _Chain, runs: list, force: bool, exact: bool, changed: list, left: list,
-          layers: list):
+          layers: list, ties: Ties):
     """The chain's new steps after merging ``runs``, or None when nothing merged. ``exact``:
-    merge each run whole or not at all (``only=``), never a part of it."""
+    merge each run whole or not at all (``only=``), never a part of it. A group holding a
+    Linear also used outside it (``ties``) is left, with why."""
     index = {p: k for k, p in enumerate(chain.paths)}
     replace, drop = {}, set()
     for run in runs:
@@ -346,6 +367,10 @@ def _edit(chain: _Chain, runs: list, force: bool, exact: bool, changed: list, le
                         + _costs_text([a, b]))
         for group in groups:
             if len(group) < 2:
+                continue
+            why = _tied_outside(chain, group, index, ties)
+            if why is not None:
+                left.append(f"{_plus(_merged(group).paths)} not merged: {why}")
                 continue
             new, info, line = _merge_group(chain, group, index)
             first, last = index[info["path"]], index[info["merged"][-1]]
@@ -429,6 +454,11 @@ def merge_linear(model: Module, *, force: bool = False, only=None, probe=None):
     merged greedily from the left (the longest that saves, starting at each layer); this is not
     guaranteed to be the cheapest split.
 
+    A Linear used at several places (tied: one object at several paths) merges only in a group
+    that holds all of its uses (``Sequential(a, a)``); otherwise its group is left, with why in
+    ``report.left`` — merging one use would untie it. A chain used at several paths is merged
+    once and the one new chain put at each of them, so the tie stays.
+
     The merged Linear takes the first layer's name, dtype and training flag; the run's other
     layers and the pass-through layers between them are removed (a Dropout removed this way
     no longer drops after ``train()``: merging is for inference). Every other child keeps its
@@ -480,6 +510,7 @@ def merge_linear(model: Module, *, force: bool = False, only=None, probe=None):
     new = copy_model(model, NAME)
     changed, left, layers = [], [], []
     wanted = None if only is None else _named_runs(new, only)
+    ties = Ties(new)
 
     def edit(prefix, steps):
         chain = _Chain(prefix, steps)
@@ -489,7 +520,7 @@ def merge_linear(model: Module, *, force: bool = False, only=None, probe=None):
             runs = wanted.get(prefix, [])
         if not runs:
             return None
-        return _edit(chain, runs, force, wanted is not None, changed, left, layers)
+        return _edit(chain, runs, force, wanted is not None, changed, left, layers, ties)
 
     new = edit_chains(new, edit)
     return new, finish(NAME, model, new, probe, changed, left, layers)

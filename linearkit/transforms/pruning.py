@@ -19,8 +19,9 @@ import sys
 
 import numpy as np
 
+from .. import precision
 from ..layers.sparse import SparseLinear
-from .walk import copy_model, finish, named, select_linears, set_submodule
+from .walk import copy_model, finish, named, paths_text, replace_everywhere, select_linears, uses
 
 __all__ = ["csr_bytes", "prune", "prune_weight", "to_sparse"]
 
@@ -59,7 +60,8 @@ def prune_weight(w, amount, structured: bool = False) -> np.ndarray:
 
     Parameters
     ----------
-    w : ndarray ``(out, in)`` (any shape unstructured; at least 2-D structured)
+    w : ndarray ``(out, in)`` (any shape unstructured; at least 2-D structured), floating:
+        float16, bfloat16, float32 or float64 (16-bit weights are ranked in float32, exactly)
     amount : float in [0, 1] or int >= 0
     structured : bool
 
@@ -80,8 +82,11 @@ def prune_weight(w, amount, structured: bool = False) -> np.ndarray:
            [1, 1, 1]])
     """
     w = np.asarray(w)
-    if w.dtype.kind != "f":
-        raise TypeError(f"prune_weight() takes a floating-point array, got dtype {w.dtype}")
+    if w.dtype.kind != "f" and not precision.is_float(w.dtype):
+        raise TypeError(f"prune_weight() takes a floating-point array (float16, bfloat16, "
+                        f"float32 or float64), got dtype {w.dtype}")
+    if precision.is_16bit(w.dtype):
+        w = w.astype(np.float32)  # exact; NumPy's sorts and norms then work for bfloat16 too
     if structured:
         if w.ndim < 2:
             raise ValueError(f"structured pruning removes output rows of a weight with at least "
@@ -133,7 +138,7 @@ def prune(model, amount, structured: bool = False, *, targets=None, probe=None):
     for path, layer in select_linears(new, targets, "prune"):
         w = layer.weight.data
         where = named(path, layer)
-        if not np.all(np.isfinite(w)):
+        if not np.all(np.isfinite(w.astype(np.float32) if precision.is_16bit(w.dtype) else w)):
             raise ValueError(f"prune(): {where} has non-finite weights, whose magnitude ranks "
                              "nothing; fix the model (linearkit.detect_anomaly) first")
         try:
@@ -171,7 +176,8 @@ def to_sparse(model, *, targets=None, min_sparsity: float = 0.0, probe=None):
     A layer is converted when its fraction of zero weights is at least ``min_sparsity`` *and*
     CSR takes fewer bytes than the dense matrix. Each nonzero costs its value and a 4-byte
     column index, so at float32 CSR is smaller only below 50% density (float64: below 2/3);
-    a denser layer is left, with that reason, in ``report.left``.
+    a denser layer is left, with that reason, in ``report.left``. A Linear used at several
+    paths (tied) becomes one ``SparseLinear``, put at each of them.
 
     Parameters
     ----------
@@ -191,6 +197,7 @@ def to_sparse(model, *, targets=None, min_sparsity: float = 0.0, probe=None):
         raise ValueError(f"to_sparse(): min_sparsity must be a fraction in [0, 1], got "
                          f"{min_sparsity!r}")
     new = copy_model(model, "to_sparse")
+    used_at = uses(new)
     changed, left, layers = [], [], []
     for path, layer in select_linears(new, targets, "to_sparse"):
         w = layer.weight.data
@@ -211,9 +218,12 @@ def to_sparse(model, *, targets=None, min_sparsity: float = 0.0, probe=None):
                         f"{csr:,} B against {dense:,} B dense ({w.dtype} value + int32 index "
                         f"per nonzero: smaller only below {even:.0%} density)")
             continue
-        new = set_submodule(new, path, SparseLinear.from_linear(layer))
+        paths = used_at[id(layer)]
+        new = replace_everywhere(new, paths, SparseLinear.from_linear(layer))
+        tied = (f"; one layer used at {paths_text(paths)} (tied): the same SparseLinear at each"
+                if len(paths) > 1 else "")
         changed.append(f"{where} -> SparseLinear: {nnz:,} of {w.size:,} weights stored "
-                       f"(sparsity {sparsity:.3f}), weight {dense:,} B -> {csr:,} B")
+                       f"(sparsity {sparsity:.3f}), weight {dense:,} B -> {csr:,} B{tied}")
         layers.append({"path": path, "nnz": nnz, "sparsity": float(sparsity),
                        "dense_bytes": int(dense), "csr_bytes": int(csr)})
     return new, finish("to_sparse", model, new, probe, changed, left, layers)

@@ -15,8 +15,9 @@ from ..errors import ShapeError
 from ..layers.quantized import ACTIVATION_MODES, QuantizedLinear, int8_rows
 from ..core.module import Module
 from ..rules import rule_for
-from .transform_report import evaluating, probe_inputs, state_size
-from .walk import copy_model, finish, named, select_linears, set_submodule
+from .transform_report import evaluating, hooks_off, probe_inputs, state_size
+from .walk import (copy_model, finish, named, paths_text, replace_everywhere, select_linears,
+                   uses)
 
 __all__ = ["SCHEMES", "quantize", "quantize_weight"]
 
@@ -66,6 +67,9 @@ def quantize(model: Module, scheme: str = "int8", *, activations: str | None = N
     """Replace every targeted plain ``Linear`` by its int8 ``QuantizedLinear``:
     ``(new_model, report)``; ``model`` is not modified.
 
+    A Linear used at several paths (tied) is one layer: it becomes one ``QuantizedLinear``,
+    put at each of its paths, so the new model is tied the same way.
+
     Parameters
     ----------
     scheme : 'int8' (the only one; anything else is a ValueError listing the schemes)
@@ -105,24 +109,31 @@ def quantize(model: Module, scheme: str = "int8", *, activations: str | None = N
             raise ValueError(f"quantize(): {named(path, layer)} has NaN or Inf in its weight, "
                              "which no finite scale represents; fix the model (it diverged) "
                              "before quantizing")
-    inputs = _layer_inputs(new, [m for _, m in chosen], probe_inputs(model, probe))
+    where = uses(new)
     changed, left, layers = [], [], []
-    for (path, layer), seen in zip(chosen, inputs):
-        ql = QuantizedLinear.from_linear(layer, activations)
-        layers.append(_figures(path, layer, ql, seen))
-        f = layers[-1]
-        rel = "n/a" if f["output_rel_error"] is None else f"{f['output_rel_error']:.3g}"
-        changed.append(f"{named(path, layer)} -> {rule_for(ql).describe_module(ql)}: "
-                       f"{f['bytes_before']:,} "
-                       f"-> {f['bytes_after']:,} bytes, max |dw| {f['max_abs_weight_error']:.3g}"
-                       f", layer output rel error {rel}")
-        new = set_submodule(new, path, ql)
+    # The copy's layers run here (recording inputs, measuring each layer's error) with the call
+    # hooks they were copied with set aside: a user's hook is not for the transform's runs.
+    with hooks_off(new):
+        inputs = _layer_inputs(new, [m for _, m in chosen], probe_inputs(model, probe))
+        for (path, layer), seen in zip(chosen, inputs):
+            ql = QuantizedLinear.from_linear(layer, activations)
+            layers.append(_figures(path, layer, ql, seen))
+            f = layers[-1]
+            rel = "n/a" if f["output_rel_error"] is None else f"{f['output_rel_error']:.3g}"
+            paths = where[id(layer)]
+            tied = (f"; one layer used at {paths_text(paths)} (tied): the same QuantizedLinear "
+                    "at each" if len(paths) > 1 else "")
+            changed.append(f"{named(path, layer)} -> {rule_for(ql).describe_module(ql)}: "
+                           f"{f['bytes_before']:,} -> {f['bytes_after']:,} bytes, max |dw| "
+                           f"{f['max_abs_weight_error']:.3g}, layer output rel error {rel}{tied}")
+            new = replace_everywhere(new, paths, ql)
     left += _left_float(model, {p for p, _ in chosen})
     return new, finish(transform, model, new, probe, changed, left, layers)
 
 
 def _layer_inputs(model: Module, layers: list, probes: list) -> list[list]:
-    """The inputs each of ``layers`` receives while ``model`` (eval mode) runs the probes."""
+    """The inputs each of ``layers`` receives while ``model`` (eval mode) runs the probes (a
+    layer used at several paths records the inputs of every use)."""
     seen = {id(m): [] for m in layers}
     handles = [m.register_forward_pre_hook(lambda mod, args: seen[id(mod)].append(args[0]))
                for m in layers]

@@ -11,21 +11,30 @@ The report proves the transform on probe inputs — random ones, plus the user's
 * ``bytes_before/after``: those values' bytes.
 
 Both models run in eval mode for the probes (Dropout off, BatchNorm on running statistics) and
-come back in the mode they were in; neither is otherwise touched.
+come back in the mode they were in; neither is otherwise touched. The probes fire none of the
+modules' own call hooks (a user's forward hook on a layer is for the user's calls, not for a
+transform's checks): the input model runs as a hook-free deep copy when it has any, the new
+model with its hooks set aside for the probes and back in place afterwards. Hooks registered
+for every module at once (``linearkit.hooks.register_module_forward_hook``) are process-wide
+by design and still fire.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..analysis.ledger.report import human_bytes
 from ..errors import ShapeError
+from ..core import structure as _structure
 from ..core.module import Module
+from ..rules import is_lazy
 
-__all__ = ["TransformReport", "compare_models", "evaluating", "probe_inputs", "state_size"]
+__all__ = ["TransformReport", "compare_models", "evaluating", "hooks_off", "probe_inputs",
+           "state_size", "unhooked"]
 
 #: Random probe rows drawn when the model's input width is known.
 PROBE_ROWS = 64
@@ -93,23 +102,69 @@ def evaluating(*models: Module):
             m.training = mode
 
 
-def input_width(model: Module) -> tuple | None:
-    """The feature shape the model's first layer expects (``(in_features,)``), or None.
-
-    Read from the first module, in registration order, whose rule says what it takes: a Linear's
-    ``in_features``, a norm's normalized shape or channel count.
+def first_input(model: Module) -> tuple[str, Module | None, tuple | None]:
+    """``(path, layer, width)``: the first module, in registration order, that says what input
+    it takes, and that feature shape — a Linear's ``(in_features,)``, a norm's normalized
+    shape or channel count. An unmaterialized lazy layer met first ends the search with width
+    None (the input's width is what it has yet to learn; a later layer's would be a guess);
+    ``('', None, None)`` when no module tells.
     """
-    for m in model.modules():
+    for path, m in model.named_modules():
+        if is_lazy(m):
+            return path, m, None
         n_in = getattr(m, "in_features", None)
         if isinstance(n_in, int):
-            return (n_in,)
+            return path, m, (n_in,)
         shape = getattr(m, "normalized_shape", None)
         if shape is not None:
-            return tuple(shape)
+            return path, m, tuple(shape)
         c = getattr(m, "num_features", None)
         if isinstance(c, int):
-            return (c,)
-    return None
+            return path, m, (c,)
+    return "", None, None
+
+
+def hooked(*models: Module) -> bool:
+    """Whether any module of ``models`` has a call hook of its own (``Module.has_hooks``)."""
+    return any(m.has_hooks() for model in models for m in model.modules())
+
+
+@contextlib.contextmanager
+def hooks_off(*models: Module):
+    """Set aside the call hooks of every module of ``models`` for the block, so that a
+    transform's own runs (probes, timing, the inputs it records) fire none of them; each
+    module gets back exactly its own hook set afterwards, even on an error.
+
+    Only for models the transform owns (its copies): the caller's model is run through
+    ``unhooked`` instead, never edited. Hooks the transform registers inside the block (to
+    record a layer's inputs) live in a set of their own and are gone when the block ends.
+    """
+    saved = [(m, m.__dict__["_hooks"]) for model in models for m in model.modules()
+             if m.has_hooks()]
+    for m, _ in saved:
+        object.__setattr__(m, "_hooks", None)  # as Module keeps it when no hook is registered
+    if saved:
+        _structure.changed()  # a plan made with the hooks must not run without them, and back
+    try:
+        yield
+    finally:
+        for m, hook_set in saved:
+            object.__setattr__(m, "_hooks", hook_set)
+        if saved:
+            _structure.changed()
+
+
+def unhooked(model: Module) -> Module:
+    """``model`` itself when none of its modules has a call hook of its own, else a deep copy
+    to run instead under ``hooks_off`` (the caller's model, hooks included, is never edited:
+    a deep copy keeps the hooks, as in PyTorch, so the copy needs ``hooks_off`` too)."""
+    return copy.deepcopy(model) if hooked(model) else model
+
+
+def input_width(model: Module) -> tuple | None:
+    """The feature shape the model's first layer expects (``(in_features,)``), or None
+    (``first_input``'s width: None too when an unmaterialized lazy layer comes first)."""
+    return first_input(model)[2]
 
 
 def probe_inputs(model: Module, probe=None, rows: int = PROBE_ROWS, seed: int = 0) -> list:
@@ -138,16 +193,22 @@ def probe_inputs(model: Module, probe=None, rows: int = PROBE_ROWS, seed: int = 
     if probe is not None:
         out.append(probe)
     if not out:
+        path, lazy, _ = first_input(model)
+        why = (f": its first layer '{path}' ({type(lazy).__name__}) is not materialized"
+               if lazy is not None else "")
         raise ValueError(f"cannot tell the input width of {type(model).__name__} to draw probe "
-                         "inputs: pass a batch of real inputs as probe=")
+                         f"inputs{why}; pass a batch of real inputs as probe=")
     return out
 
 
 def compare_models(old: Module, new: Module, probes: list) -> tuple[float, float]:
     """``(max_abs_error, max_rel_error)`` of ``new`` against ``old`` over ``probes``, both run in
-    eval mode; a non-finite difference counts as ``inf``."""
+    eval mode and without their modules' call hooks (``old``: the caller's, run as a hook-free
+    copy when it has hooks; ``new``: the transform's own, its hooks set aside for the block);
+    a non-finite difference counts as ``inf``."""
     max_abs = max_ref = 0.0
-    with evaluating(old, new):
+    old = unhooked(old)
+    with evaluating(old, new), hooks_off(old, new):
         for x in probes:
             try:
                 a = np.asarray(old(x), dtype=np.float64)

@@ -19,8 +19,8 @@ from ..core.module import Module
 from ..rules import is_lazy, rule_for, transforms_for
 from .transform_report import TransformReport, compare_models, probe_inputs, state_size
 
-__all__ = ["copy_model", "finish", "linear_from", "lists", "named", "select_linears",
-           "set_submodule"]
+__all__ = ["Ties", "copy_model", "finish", "linear_from", "lists", "named", "paths_text",
+           "replace_everywhere", "select_linears", "set_submodule", "uses"]
 
 
 def copy_model(model, transform: str) -> Module:
@@ -68,6 +68,67 @@ def _owner(model: Module, path: str) -> str | None:
     return None
 
 
+def uses(model: Module) -> dict[int, list[str]]:
+    """Every path at which each module object of ``model`` is found, by identity (``id`` ->
+    paths, in order). A module shared under several names — a tied layer, as
+    ``Sequential(a, ReLU(), a)`` — has several; a transform that replaces it puts one new
+    module at each of them (``replace_everywhere``), so the tie survives."""
+    where: dict[int, list[str]] = {}
+    for path, m in model.named_modules(remove_duplicate=False):
+        where.setdefault(id(m), []).append(path)
+    return where
+
+
+class Ties:
+    """Which modules of ``model`` are tied, read once before a transform edits it.
+
+    ``slots(m)``: how many slots (a parent and a child name) hold ``m``. More than one: ``m`` is
+    tied — one object used at several places, so an edit of it at one place is an edit at all
+    of them (or, replaced at one place only, unties it). A module at several paths only because
+    a container above it is shared (``s = Sequential(a); Sequential(s, s)``) is held by one
+    slot: editing it once, inside ``s``, is the same edit at every path. ``where(m)``: every
+    path of ``m``. A module the model did not hold (one a transform made) has 0 slots.
+
+    The modules are held here, so that no id is reused by a new module while the transform
+    runs (the tables are keyed by identity).
+    """
+
+    def __init__(self, model: Module):
+        at = dict(model.named_modules(remove_duplicate=False))
+        self._held = list(at.values())
+        self._paths: dict[int, list[str]] = {}
+        held: dict[int, set] = {}
+        for path, m in at.items():
+            self._paths.setdefault(id(m), []).append(path)
+            if path:
+                parent, _, name = path.rpartition(".")
+                held.setdefault(id(m), set()).add((id(at[parent]), name))
+        self._slots = {key: len(h) for key, h in held.items()}
+
+    def slots(self, module: Module) -> int:
+        return self._slots.get(id(module), 0)
+
+    def where(self, module: Module) -> list[str]:
+        return list(self._paths.get(id(module), []))
+
+    def tied_text(self, path: str, module: Module) -> str:
+        """``"'0' (Linear(4, 4)) is one layer used at '0', '2' (tied)"``."""
+        return f"{named(path, module)} is one layer used at {paths_text(self.where(module))} (tied)"
+
+
+def paths_text(paths) -> str:
+    """``'0', '2'``: paths as a report line lists them."""
+    return ", ".join(repr(p) for p in paths)
+
+
+def replace_everywhere(root: Module, paths, module: Module) -> Module:
+    """Put ``module`` at each of ``paths`` (all the places one old module was used: ``uses``)
+    and return the new root, so a tied layer's replacement is one object tied the same way."""
+    for path in paths:
+        root = set_submodule(root, path, module)
+    return root
+
+
 def select_linears(model: Module, targets, transform: str) -> list[tuple[str, Linear]]:
     """``(path, layer)`` of every plain ``Linear`` in ``model`` that ``targets`` names, for
     ``transform`` (its name, as listed in the layer rule's ``transforms``: the layers whose own
@@ -78,6 +139,9 @@ def select_linears(model: Module, targets, transform: str) -> list[tuple[str, Li
     ``target_modules``), or as a glob (``'blocks.*.proj'``). A target that names no Linear is a
     ValueError listing the layers there are. The Linears inside another layer (a LoRALinear's
     base and adapters) are parts of that layer, never targets.
+
+    A layer used at several paths (tied) is listed once, at its first path, and a target naming
+    any of its paths selects it: it is one layer, which the transform replaces at every path.
     """
     # Only where the layer's own rule lists the transform: a subclass may compute something
     # else, and a user's rule can take a layer type out of it.
@@ -86,9 +150,11 @@ def select_linears(model: Module, targets, transform: str) -> list[tuple[str, Li
     if targets is None:
         return linears
     targets = [targets] if isinstance(targets, str) else list(targets)
+    where = uses(model)
     chosen, seen = [], set()
     for target in targets:
-        hits = [(p, m) for p, m in linears if _matches(p, target)]
+        hits = [(p, m) for p, m in linears
+                if any(_matches(q, target) for q in where.get(id(m), [p]))]
         if not hits:
             inner = [p for p, _ in found if _matches(p, target)]
             if inner:
