@@ -306,12 +306,12 @@ def flushing_denormals(once):
 
 
 def cli_path(x_all, y_all, steps: int):
-    """One run of ``linearkit.recipes.mnist1d.train`` (what ``linearkit train`` runs, subnormals flushed
+    """One run of ``linearkit.recipes.train_mnist1d.train`` (what ``linearkit train`` runs, subnormals flushed
     as its default) on the synthetic data, evaluation off; its own timer (the training loop
     only, loader included)."""
     from types import SimpleNamespace
 
-    from linearkit.recipes.mnist1d import train
+    from linearkit.recipes.train_mnist1d import train
 
     dataset = SimpleNamespace(x_train=x_all, y_train=y_all, x_test=x_all[:1000],
                               y_test=y_all[:1000])

@@ -338,7 +338,7 @@ def mlp_sections(v: View):
 def recipe_section(v: View):
     steps = v.meta.get("config", {}).get("recipe_steps", 6000)
     rows = []
-    for fw, case, label in (("linearkit", "train-cli", "linearkit.recipes.mnist1d.train (`linearkit train`)"),
+    for fw, case, label in (("linearkit", "train-cli", "linearkit.recipes.train_mnist1d.train (`linearkit train`)"),
                             ("linearkit", "train", "linearkit, documented step loop"),
                             ("linearkit", "train-parts",
                              "linearkit, step loop, the step's kernels called one by one"),
@@ -372,7 +372,7 @@ def recipe_section(v: View):
         "batches gathered by index each step; model built outside the timed region; median of "
         f"{v.meta.get('config', {}).get('recipe_repeats', 3)} runs, after a few untimed steps "
         "(JAX compiles its step, linearkit loads its compiled kernels: once per process, "
-        "measured in 5b). `linearkit.recipes.mnist1d.train` is "
+        "measured in 5b). `linearkit.recipes.train_mnist1d.train` is "
         "the command's own loop (its DataLoader, its BLAS-thread choice, evaluation off), timed "
         "by itself; the other rows are the documented step on pre-drawn index batches. "
         "linearkit's step runs as one compiled call (fast.md, \"The whole step in one call\"); "

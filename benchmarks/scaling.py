@@ -40,7 +40,7 @@ DEFAULT_BATCHES = {"recipe": [100, 400, 1600], "mlp784": [64, 256, 1024]}
 
 def _model(case: str):
     import linearkit as lk
-    from linearkit.recipes.mnist1d import build_model
+    from linearkit.recipes.train_mnist1d import build_model
 
     rng = np.random.default_rng(0)
     if case == "recipe":

@@ -77,7 +77,7 @@ class Result:
 # ---------------------------------------------------------------- shared pieces
 def _recipe(seed: int, dtype=np.float32):
     """The MNIST-1D recipe's MLP (40 -> 100 -> residual 100 -> 10), stored in ``dtype``."""
-    from linearkit.recipes.mnist1d import build_model
+    from linearkit.recipes.train_mnist1d import build_model
 
     model = build_model("mlp", 100, rng=np.random.default_rng(seed))
     return model if np.dtype(dtype) == np.float32 else model.to(dtype)
@@ -92,7 +92,7 @@ def _batches(x, y, seed: int, batch: int = 100):
 
 
 def _accuracy(model, x, y) -> float:
-    from linearkit.recipes.mnist1d import accuracy
+    from linearkit.recipes.train_mnist1d import accuracy
 
     return accuracy(model, x, y)
 
@@ -200,7 +200,7 @@ def train_fp16_grads(data, cfg: Config, *, scaler: bool, steps: int, optimizer: 
 # ---------------------------------------------------------------- 1. loss scaling
 def loss_scaling(data, cfg: Config) -> dict:
     """The claim: float16 gradients underflow to 0; loss scaling is the cure."""
-    from linearkit.recipes.mnist1d import train
+    from linearkit.recipes.train_mnist1d import train
 
     out = {"adam": {}, "recipes": {}, "sgd": []}
     for scaled in (False, True):
@@ -497,7 +497,7 @@ def init_pitfall(data, cfg: Config) -> dict:
     from linearkit.analysis import range_check
     from linearkit import AnomalyError, CrossEntropyLoss, detect_anomaly
     from linearkit.optim import Adam
-    from linearkit.recipes.mnist1d import train
+    from linearkit.recipes.train_mnist1d import train
 
     std, seed = cfg.pitfall_std, cfg.seed
     probe_x, probe_y = data.x_train[:100], data.y_train[:100]

@@ -111,7 +111,7 @@ def _mlp(n_in: int, hidden: int, classes: int, rng, norm: bool = False):
 
 
 def _train(task: Task, model, steps: int, seed: int, lr: float = 1e-2):
-    from linearkit.recipes.mnist1d import train
+    from linearkit.recipes.train_mnist1d import train
 
     start = time.perf_counter()
     model, _ = train(model=model, dataset=(task.x_train, task.y_train, task.x_test, task.y_test),
@@ -120,7 +120,7 @@ def _train(task: Task, model, steps: int, seed: int, lr: float = 1e-2):
 
 
 def _accuracy(model, x, y) -> float:
-    from linearkit.recipes.mnist1d import accuracy
+    from linearkit.recipes.train_mnist1d import accuracy
 
     return accuracy(model, x, y)
 
@@ -283,7 +283,7 @@ def lora(task: Task, cfg: Config) -> dict:
     from linearkit.analysis import ledger
     from linearkit import CrossEntropyLoss
     from linearkit.optim import Adam
-    from linearkit.recipes.mnist1d import train
+    from linearkit.recipes.train_mnist1d import train
     from linearkit.transforms import add_lora, merge_lora
 
     perm = np.arange(int(task.y_train.max()) + 1)

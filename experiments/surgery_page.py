@@ -37,7 +37,7 @@ def _header(result) -> list[str]:
     rows = [(name, f"{t['train_rows']:,} / {t['test_rows']:,}", f"{t['params']:,}",
              _pct(t["accuracy"]), f"{t['seconds']:.1f} s")
             for name, t in result.tasks.items()]
-    lines += [(f"Base models, trained here with `linearkit.recipes.mnist1d` (Adam, lr 1e-2, "
+    lines += [(f"Base models, trained here with `linearkit.recipes.train_mnist1d` (Adam, lr 1e-2, "
                f"batch 100, "
                f"{c.steps} steps): `in -> {c.hidden} ReLU -> {c.hidden} ReLU -> 10`."), "",
               markdown_table(("task", "train / test rows", "params", "test accuracy",

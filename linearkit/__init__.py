@@ -106,7 +106,7 @@ __all__ = [
 
 # Modules that lived at the top level before the rooms, by the names the docs use
 _MOVED = {"accumulation": "training.accumulation", "amp": "training.amp",
-          "checkpointing": "training.checkpointing", "train": "recipes.mnist1d"}
+          "checkpointing": "training.checkpointing", "train": "recipes.train_mnist1d"}
 
 
 def __getattr__(name):

@@ -17,11 +17,11 @@ def test_train_json_saves_weights_that_reload(tmp_path, capsys):
     assert record["steps"] == 60 and record["params"] == 15210
     assert 0.1 < record["test_accuracy"] <= 1.0
     assert record["flush_denormal"] is True           # the command's default
-    from linearkit.recipes.mnist1d import build_model
+    from linearkit.recipes.train_mnist1d import build_model
 
     model = lk.load(out, build_model("mlp"))
     data = lk.data.mnist1d()
-    from linearkit.recipes.mnist1d import accuracy
+    from linearkit.recipes.train_mnist1d import accuracy
 
     assert accuracy(model, data.x_test, data.y_test) == pytest.approx(record["test_accuracy"])
 
@@ -62,7 +62,7 @@ def test_gradcheck_command(capsys):
 
 
 def test_build_model_matches_the_paper_architecture():
-    from linearkit.recipes.mnist1d import build_model
+    from linearkit.recipes.train_mnist1d import build_model
 
     model = build_model("mlp", 100, rng=np.random.default_rng(0))
     assert sum(p.size for p in model.parameters()) == 40 * 100 + 100 + 100 * 100 + 100 + 100 * 10 + 10

@@ -290,9 +290,9 @@ def test_deep_copied_model_and_optimizer_train_on_their_own(monkeypatch):
 
 
 def test_linearkit_train_runs_the_compiled_step_with_the_parts_bits(monkeypatch):
-    """The main job (``linearkit.recipes.mnist1d.train``, the recipe's MLP) takes the one-call step, and
+    """The main job (``linearkit.recipes.train_mnist1d.train``, the recipe's MLP) takes the one-call step, and
     trains to the weights the parts give."""
-    from linearkit.recipes.mnist1d import train
+    from linearkit.recipes.train_mnist1d import train
 
     count = _Count(monkeypatch)
     fast_model, fast_result = train("mlp", hidden=16, steps=40, eval_every=0)

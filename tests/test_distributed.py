@@ -87,7 +87,7 @@ def test_reducer_arguments_are_checked():
 
 
 def test_data_parallel_train_of_one_rank_is_the_plain_run():
-    from linearkit.recipes.mnist1d import train
+    from linearkit.recipes.train_mnist1d import train
 
     m1, r1 = train(steps=15, eval_every=0)
     m2, r2 = train(steps=15, eval_every=0, distributed=True)

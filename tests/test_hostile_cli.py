@@ -326,7 +326,7 @@ def _interrupt_after(monkeypatch, module, name):
 
 
 def _loads(path):
-    from linearkit.recipes.mnist1d import build_model
+    from linearkit.recipes.train_mnist1d import build_model
 
     return lk.load(path, build_model("mlp"))
 

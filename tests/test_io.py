@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import linearkit as lk
-from linearkit.recipes.mnist1d import build_model
+from linearkit.recipes.train_mnist1d import build_model
 
 
 def test_round_trip_and_torch_reads_it(tmp_path):

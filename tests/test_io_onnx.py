@@ -315,7 +315,7 @@ def test_float64_model_and_empty_model_and_a_wrong_input_shape(tmp_path):
 def test_a_trained_mnist1d_model_gives_the_same_predictions_through_onnx(tmp_path, engine):
     """Real data: the `linearkit train` recipe's model (briefly trained) on MNIST-1D test rows,
     exported, run by the engine, and imported back."""
-    from linearkit.recipes.mnist1d import train
+    from linearkit.recipes.train_mnist1d import train
 
     model, _ = train(steps=200, eval_every=0)
     model.eval()

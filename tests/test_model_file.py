@@ -65,7 +65,7 @@ def test_a_damaged_spec_is_a_format_error_naming_the_file(tmp_path):
 
 
 def test_the_ledger_of_a_saved_file_equals_the_ledger_of_its_model(tmp_path):
-    from linearkit.recipes.mnist1d import build_model
+    from linearkit.recipes.train_mnist1d import build_model
 
     model = build_model("mlp", rng=np.random.default_rng(0))
     path = tmp_path / "mlp.safetensors"

@@ -62,7 +62,7 @@ def test_every_name_in_all_exists(name):
 def test_names_that_moved_into_rooms_keep_working():
     from linearkit.backend import threads
     from linearkit.core import hooks
-    from linearkit.recipes import mnist1d
+    from linearkit.recipes import train_mnist1d as mnist1d
     from linearkit.training import accumulation, amp, checkpointing, loop
 
     assert (lk.loop, lk.hooks, lk.amp, lk.accumulation, lk.threads) == (

@@ -9,7 +9,7 @@ import pytest
 from kernel_spies import KernelCalls
 
 import linearkit as lk
-from linearkit.recipes.mnist1d import build_model
+from linearkit.recipes.train_mnist1d import build_model
 
 pytestmark = pytest.mark.skipif(not lk.fast.available(), reason="needs numba (the fast extra)")
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit.recipes.mnist1d import Dataset, build_model, train
+from linearkit.recipes.train_mnist1d import Dataset, build_model, train
 
 
 def test_threads_n_trains_on_n_blas_threads_and_restores_the_policy():
@@ -107,7 +107,7 @@ def _in_subprocess(code: str, timeout: float = 120):
 
 def test_batch_size_above_the_training_rows_raises_instead_of_hanging():
     proc = _in_subprocess(
-        "from linearkit.recipes.mnist1d import train\n"
+        "from linearkit.recipes.train_mnist1d import train\n"
         "try:\n"
         "    train('linear', steps=5, batch_size=5000, eval_every=0)\n"
         "except ValueError as e:\n"

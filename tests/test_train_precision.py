@@ -1,4 +1,4 @@
-"""linearkit.recipes.mnist1d with precision='bf16' | 'fp16': 16-bit storage, float32 compute and master
+"""linearkit.recipes.train_mnist1d with precision='bf16' | 'fp16': 16-bit storage, float32 compute and master
 weights (fp16 with the loss scaler), in the paper's accuracy band like float32."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 
 import linearkit as lk
 from linearkit.cli.commands import main
-from linearkit.recipes.mnist1d import train
+from linearkit.recipes.train_mnist1d import train
 
 pytest.importorskip("ml_dtypes")
 

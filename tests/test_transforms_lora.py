@@ -1,5 +1,5 @@
 """LoRA: LoRALinear (linearkit/layers/lora.py), its rule, and add_lora / merge_lora /
-extract_lora / save_adapter / load_adapter (linearkit/transforms/lora.py)."""
+extract_lora / save_adapter / load_adapter (linearkit/transforms/lora_transforms.py)."""
 
 import copy
 import json
@@ -20,7 +20,7 @@ from linearkit.storage.safetensors_header import read_tensors
 from linearkit.layers.lora import LoRALinear
 from linearkit.training.loop import evaluate, step
 from linearkit.rules import rule_for
-from linearkit.recipes.mnist1d import build_model
+from linearkit.recipes.train_mnist1d import build_model
 from linearkit.transforms import (
     add_lora,
     extract_lora,
@@ -28,7 +28,7 @@ from linearkit.transforms import (
     merge_lora,
     save_adapter,
 )
-from linearkit.transforms.lora import extract_lora_weights, merge_lora_weights
+from linearkit.transforms.lora_transforms import extract_lora_weights, merge_lora_weights
 
 F32 = {"rtol": 1.3e-6, "atol": 1e-5}
 

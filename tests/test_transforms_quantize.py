@@ -10,7 +10,7 @@ from linearkit.storage.safetensors_header import read_header
 from linearkit.layers.quantized import QuantizedLinear, QuantizedTrainingError
 from linearkit.training.loop import step
 from linearkit.rules import rule_for
-from linearkit.recipes.mnist1d import accuracy, train
+from linearkit.recipes.train_mnist1d import accuracy, train
 from linearkit.transforms import quantize, quantize_weight
 
 torch = pytest.importorskip("torch")

@@ -243,7 +243,7 @@ def _abort_job_on_error(inside: bool):
 def _train(args: argparse.Namespace) -> int:
     from ..data import mnist1d
     from ..io import save
-    from ..recipes.mnist1d import train
+    from ..recipes.train_mnist1d import train
 
     _need_cli_extra("train")
     out = args.out or f"runs/mnist1d-{args.model}.safetensors"
@@ -336,7 +336,7 @@ def _saved_then_interrupted(out: str, reported: bool) -> _Interrupted:
 
 def _report_training(args: argparse.Namespace, model, result, out: str) -> None:
     """What ``train`` prints once the weights are saved: the --json record, or the summary."""
-    from ..recipes.mnist1d import PAPER_ACCURACY
+    from ..recipes.train_mnist1d import PAPER_ACCURACY
 
     if args.json:
         record = {k: v for k, v in result.to_dict().items() if k != "history"}
@@ -349,7 +349,7 @@ def _report_training(args: argparse.Namespace, model, result, out: str) -> None:
     print(f"trained {result.steps:,} steps in {result.seconds:.2f} s "
           f"({result.steps / max(result.seconds, 1e-9):,.0f} steps/s); final loss {result.final_loss:.4f}")
     if result.precision != "fp32":
-        from ..recipes.mnist1d import PRECISIONS
+        from ..recipes.train_mnist1d import PRECISIONS
 
         scaler = (f"; the loss scaler skipped {result.skipped_steps} step(s)"
                   if result.precision == "fp16" else "")

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import FormatError
 from ..core.module import Module
-from .lora import (
+from .lora_transforms import (
     LoRAReport,
     adapter_owner,
     adapters,

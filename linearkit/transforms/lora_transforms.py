@@ -86,7 +86,7 @@ def merge_lora_weights(weight, lora_a, lora_b, scaling: float) -> np.ndarray:
     Examples
     --------
     >>> import numpy as np
-    >>> from linearkit.transforms.lora import merge_lora_weights
+    >>> from linearkit.transforms.lora_transforms import merge_lora_weights
     >>> merge_lora_weights(np.eye(2), np.array([[1., 2.]]), np.array([[1.], [0.]]), 0.5)
     array([[1.5, 1. ],
            [0. , 1. ]])
@@ -130,7 +130,7 @@ def extract_lora_weights(delta, rank: int, scaling: float = 1.0
     Examples
     --------
     >>> import numpy as np
-    >>> from linearkit.transforms.lora import extract_lora_weights
+    >>> from linearkit.transforms.lora_transforms import extract_lora_weights
     >>> delta = np.outer([1., 2.], [3., 0., 4.])            # rank 1
     >>> a, b, energy = extract_lora_weights(delta, rank=1, scaling=2.0)
     >>> a.shape, b.shape, energy
