@@ -84,7 +84,9 @@ __all__ = [
     "checkpoint_sequential",
     "data",
     "detect_anomaly",
+    "doctor",
     "distributed",
+    "explain",
     "functional",
     "get_num_threads",
     "hooks",
@@ -118,6 +120,14 @@ def __getattr__(name):
         return importlib.import_module(f".{name}", __name__)
     if name in _MOVED:
         return importlib.import_module(f".{_MOVED[name]}", __name__)
+    if name == "doctor":
+        from .analysis.doctor import doctor
+
+        return doctor
+    if name == "explain":
+        from .analysis.explain_error import explain
+
+        return explain
     if name == "load_model":
         from .io.model_file import load_model
 

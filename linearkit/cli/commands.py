@@ -28,6 +28,7 @@ import os
 import stat
 import sys
 
+from ..errors import DTypeError, FormatError, ShapeError
 from .args import (
     Parser,
     UsageError,
@@ -39,7 +40,6 @@ from .args import (
     storage_dtype,
     threads,
 )
-from ..errors import DTypeError, FormatError, ShapeError
 
 #: One line on stderr, exit status 2: mistakes in what the user asked for.
 USER_ERRORS = (UsageError, ShapeError, DTypeError, FormatError)
@@ -418,6 +418,23 @@ def _ledger(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from ..analysis.doctor import DoctorUsageError, run
+
+    if args.html is not None:
+        check_writable_file(args.html, "--html")
+    try:
+        return run(args)
+    except (DoctorUsageError, ImportError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from ..analysis.explain_error.cli import run
+
+    return run(args)
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from ..analysis.inspect_file import describe_file, render
 
@@ -699,6 +716,44 @@ def build_parser() -> argparse.ArgumentParser:
     squeeze.add_argument("--probe", default=None,
                          help="a .npy batch of real inputs to check the result on")
     squeeze.set_defaults(run=_compress)
+
+    doctor = commands.add_parser(
+        "doctor", help="cost, health, precision, correctness and runtime of a model, per layer",
+        description="Ask a model the three questions (what goes in and out of each layer, what "
+                    "it costs, which linear structure is redundant), then check its health on "
+                    "one batch, its readiness for a 16-bit dtype, its gradients and its route "
+                    "(docs/doctor.md).")
+    doctor.add_argument("file", nargs="?", default=None,
+                        help="a .safetensors (linearkit.save) or .onnx model, or a .pt/.pth with "
+                             "--arch")
+    doctor.add_argument("--arch", default=None,
+                        help="for a .pt/.pth file: a linearkit model file of the same layers")
+    doctor.add_argument("--torch", default=None, metavar="MODULE:ATTR",
+                        help="a torch nn.Module, or a class/function building one, instead of "
+                             "FILE")
+    doctor.add_argument("--data", default=None,
+                        help="mnist1d, X.npy, X.npy,Y.npy or an .npz with x (and y) (default: a "
+                             "random probe)")
+    doctor.add_argument("--input-shape", type=shape, default=None,
+                        help="the random probe's shape with batch, e.g. 64,40")
+    doctor.add_argument("--precision", choices=["bfloat16", "float16"], default=None,
+                        help="check readiness for this 16-bit dtype")
+    doctor.add_argument("--json", action="store_true", help="print one JSON object")
+    doctor.add_argument("--html", default=None, metavar="FILE.html",
+                        help="also write the self-contained HTML report")
+    doctor.set_defaults(run=_doctor)
+
+    explain = commands.add_parser(
+        "explain", help="explain an error message: the cause, the layer, the fix",
+        description="Explain an error message from PyTorch or linearkit: its real cause and, "
+                    "given the model (and input shape), which layer it is and the one-line fix "
+                    "(docs/explain.md). Exit 0 when recognized, 1 when not.")
+    explain.add_argument("message", help="the error message, or - to read it (a traceback) from "
+                                         "stdin")
+    explain.add_argument("--model", default=None, help="a linearkit model file")
+    explain.add_argument("--input-shape", type=shape, default=None,
+                         help="the input's shape with batch, e.g. 16,512")
+    explain.set_defaults(run=_explain)
 
     check = commands.add_parser(
         "gradcheck", help="self-check: every shipped module's backward vs central differences",
