@@ -54,6 +54,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from linearkit.analysis.render import markdown_table, text_table
+
 from .pages import repo_docs
 
 __all__ = ["INITS", "Config", "Result", "Run", "build_mlp", "main", "make_task", "run"]
@@ -130,8 +131,8 @@ def make_task(name: str, config: Config = Config()):
 def build_mlp(d_in: int, depth: int, init: str, *, width: int = 256, classes: int = 10,
               rng: np.random.Generator | int = 0):
     """``depth`` Linear layers with ReLU between, every Linear initialized by ``init``."""
-    from linearkit import init as I
     from linearkit import Linear, ReLU, Sequential
+    from linearkit import init as I
     from linearkit.core.random import resolve
 
     if init not in INITS:
@@ -218,11 +219,11 @@ def train_one(task: str, depth: int, init: str, data, config: Config,
     ``optimizer``: ``"sgd"`` (``config.lr``, ``config.momentum``) or ``"adam"``
     (``config.adam_lr``).
     """
+    from linearkit import CrossEntropyLoss
     from linearkit.analysis.stats import record_stats
     from linearkit.data import DataLoader
-    from linearkit.training.loop import step
-    from linearkit import CrossEntropyLoss
     from linearkit.optim import SGD, Adam
+    from linearkit.training.loop import step
 
     xtr, ytr, xte, yte = data
     model = build_mlp(xtr.shape[1], depth, init, width=config.width, classes=config.classes,

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from linearkit.analysis.render import markdown_table
+
 from .init_depth import CHANCE, INITS, Result, relu_second_moments
 from .init_depth_findings import detail_lines, summary_lines
 from .init_depth_plots import plot_curves, plot_stats

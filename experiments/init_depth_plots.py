@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from linearkit.analysis.render import agg_figure
+
 from .init_depth import CHANCE, INITS, Result
 
 __all__ = ["plot_curves", "plot_stats"]

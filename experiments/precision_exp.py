@@ -99,8 +99,8 @@ def _accuracy(model, x, y) -> float:
 
 def _train_loss(model, x, y) -> float:
     """Mean cross-entropy of the whole training set (eval mode, no backward state)."""
-    from linearkit.training.loop import evaluate
     from linearkit import CrossEntropyLoss
+    from linearkit.training.loop import evaluate
 
     with np.errstate(all="ignore"):
         return float(evaluate(model, x, y, loss_fn=CrossEntropyLoss())["loss"])
@@ -113,8 +113,7 @@ def _flat_grads(model) -> np.ndarray:
 def _grads(model, x, y, grads: str, dy: float) -> tuple[float, np.ndarray]:
     """The mean cross-entropy on ``(x, y)`` and every parameter's gradient of ``dy`` x it,
     stored as the policy ``grads`` says, as one float64 vector; gradients are left None."""
-    from linearkit import precision
-    from linearkit import CrossEntropyLoss
+    from linearkit import CrossEntropyLoss, precision
 
     model.zero_grad(set_to_none=True)
     with precision.policy(grads=grads), np.errstate(over="ignore"):
@@ -156,9 +155,8 @@ def train_fp16_grads(data, cfg: Config, *, scaler: bool, steps: int, optimizer: 
     ``optimizer='adam'``: Adam lr 1e-2 (the recipe); ``'sgd'``: SGD momentum 0.9 with
     ``lr = cfg.sgd_lr / weight``, so that in exact arithmetic the weight cancels.
     """
-    from linearkit import optim, precision
+    from linearkit import CrossEntropyLoss, optim, precision
     from linearkit.training.amp import GradScaler
-    from linearkit import CrossEntropyLoss
 
     model = _recipe(cfg.seed, np.float16)
     opt = (optim.Adam(model.parameters(), lr=1e-2) if optimizer == "adam"
@@ -300,9 +298,8 @@ def _memory_case(storage: str, activations, grads: str, cfg: Config) -> dict:
     Adam's moments, after a first step), what the backward holds after the forward beyond the
     output (the saved activations; the input is made inside the step as a previous layer's
     output would be, and dropped by the caller), the output's bytes, and the step's peak."""
-    from linearkit import precision
+    from linearkit import Linear, precision
     from linearkit.analysis import ledger
-    from linearkit import Linear
     from linearkit.optim import Adam
 
     rng = np.random.default_rng(cfg.seed)
@@ -372,10 +369,10 @@ def _forgetful_step(model, loss_fn, opt, x, y, k: int) -> None:
 def _accum_train(data, cfg: Config, mode: str, lr: float, steps: int, dtype=np.float32):
     """SGD (momentum 0.9) on batches of ``k x 100`` rows: ``mode`` 'big' (one batch), 'helper'
     (``accumulated_step``, k micro-batches) or 'forgetful' (k micro-batches, no division)."""
-    from linearkit.training.accumulation import accumulated_step
-    from linearkit.training.loop import step as loop_step
     from linearkit import CrossEntropyLoss
     from linearkit.optim import SGD
+    from linearkit.training.accumulation import accumulated_step
+    from linearkit.training.loop import step as loop_step
 
     model = _recipe(cfg.seed, dtype)
     opt = SGD(model.parameters(), lr=lr, momentum=0.9)
@@ -402,10 +399,9 @@ def _max_dw(a, b) -> float:
 
 def accumulation(data, cfg: Config) -> dict:
     """The claim: accumulate k micro-batches, and divide by k — or the learning rate is k x."""
-    from linearkit.training.accumulation import accumulate
-    from linearkit import BatchNorm1d, Linear, ReLU, Sequential
-    from linearkit import CrossEntropyLoss
+    from linearkit import BatchNorm1d, CrossEntropyLoss, Linear, ReLU, Sequential
     from linearkit.optim import SGD
+    from linearkit.training.accumulation import accumulate
 
     k, loss_fn = cfg.accum_k, CrossEntropyLoss()
     x, y = data.x_train[:100 * k], data.y_train[:100 * k]
@@ -493,9 +489,8 @@ def pitfall_model(std: float | None, seed: int):
 def init_pitfall(data, cfg: Config) -> dict:
     """The claim: the float32 init that breaks a float16 run, the error at a later layer; the
     cure: one forward, each layer's range (``range_check``), and ``detect_anomaly``."""
-    from linearkit import precision
+    from linearkit import AnomalyError, CrossEntropyLoss, detect_anomaly, precision
     from linearkit.analysis import range_check
-    from linearkit import AnomalyError, CrossEntropyLoss, detect_anomaly
     from linearkit.optim import Adam
     from linearkit.recipes.train_mnist1d import train
 

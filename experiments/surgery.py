@@ -280,8 +280,8 @@ def pruning(task: Task, cfg: Config) -> list[dict]:
 def lora(task: Task, cfg: Config) -> dict:
     """LoRA on a task the base gets wrong (its labels permuted within two pairs of classes):
     accuracy, trainable parameters and training memory against full fine-tuning."""
-    from linearkit.analysis import ledger
     from linearkit import CrossEntropyLoss
+    from linearkit.analysis import ledger
     from linearkit.optim import Adam
     from linearkit.recipes.train_mnist1d import train
     from linearkit.transforms import add_lora, merge_lora

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import fast
 from . import functional as F
-from .errors import DTypeError, ShapeError, Located
+from .backend import fast
 from .core.module import Module
+from .errors import DTypeError, Located, ShapeError
 
 __all__ = ["BCEWithLogitsLoss", "CrossEntropyLoss", "L1Loss", "MSELoss"]
 

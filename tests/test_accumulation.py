@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import linearkit as lk
+from linearkit.optim import clip_grad_norm_
 from linearkit.training.accumulation import accumulate, accumulated_step, micro_batch_slices
 from linearkit.training.amp import GradScaler
 from linearkit.training.loop import step
-from linearkit.optim import clip_grad_norm_
 
 TOL = {"rtol": 1e-12, "atol": 1e-12}
 N = 20

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit.training.amp import GradScaler
 from linearkit.optim import clip_grad_norm_
+from linearkit.training.amp import GradScaler
 
 torch = pytest.importorskip("torch")
 

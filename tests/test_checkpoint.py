@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit.core import random as lk_random
 from linearkit.analysis import ledger
+from linearkit.core import random as lk_random
+from linearkit.errors import BackwardError
 from linearkit.training.checkpointing import (
     Checkpoint,
     checkpoint,
     checkpoint_sequential,
     recomputing,
 )
-from linearkit.errors import BackwardError
 
 
 def make_model(seed=0):

@@ -15,8 +15,8 @@ import pytest
 from fresh_process import imports
 
 import linearkit as lk
-from linearkit.backend import fast
 from linearkit import optim
+from linearkit.backend import fast
 
 SHAPES = [(40, 33), (33,), (7, 9)]
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit.backend import fast
 from linearkit import functional as F
+from linearkit.backend import fast
 
 numba = pytest.importorskip("numba", reason="the fused kernels need numba (linearkit[fast])")
 DTYPES = [np.float32, np.float64]

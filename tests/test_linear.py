@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import linearkit as lk
-from linearkit.backend import gemm
 from linearkit import functional as F
+from linearkit.backend import gemm
 
 DTYPES = [np.float32, np.float64]
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit.training.loop import step as loop_step
 from linearkit.optim.optimizer import Optimizer
+from linearkit.training.loop import step as loop_step
 
 
 def _model(seed=0):

@@ -8,7 +8,6 @@ import sys
 import numpy as np
 import pytest
 
-from linearkit.cli.commands import main
 from linearkit.analysis.layer_sweep import (
     KNEE_FRACTION,
     batch_sweep,
@@ -16,6 +15,7 @@ from linearkit.analysis.layer_sweep import (
     find_knee,
     powers_of_two,
 )
+from linearkit.cli.commands import main
 
 
 def test_find_knee_on_synthetic_numbers():

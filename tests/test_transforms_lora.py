@@ -16,11 +16,11 @@ from transform_checks import assert_unchanged, snapshot
 import linearkit as lk
 from linearkit.analysis.ledger.custom import _closure_arrays
 from linearkit.io.safetensors import save as save_tensors
-from linearkit.storage.safetensors_header import read_tensors
 from linearkit.layers.lora import LoRALinear
-from linearkit.training.loop import evaluate, step
-from linearkit.rules import rule_for
 from linearkit.recipes.train_mnist1d import build_model
+from linearkit.rules import rule_for
+from linearkit.storage.safetensors_header import read_tensors
+from linearkit.training.loop import evaluate, step
 from linearkit.transforms import (
     add_lora,
     extract_lora,

@@ -15,9 +15,9 @@ import torch.nn.utils.prune as tprune
 import linearkit as lk
 from linearkit.analysis import gradcheck
 from linearkit.layers.sparse import SparseLinear, csr_problem
-from linearkit.training.loop import step
-from linearkit.rules import rule_for
 from linearkit.recipes.train_mnist1d import build_model
+from linearkit.rules import rule_for
+from linearkit.training.loop import step
 from linearkit.transforms import prune, prune_weight, to_sparse
 from linearkit.transforms.pruning import csr_bytes
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit.storage.safetensors_header import read_header
 from linearkit.layers.quantized import QuantizedLinear, QuantizedTrainingError
-from linearkit.training.loop import step
-from linearkit.rules import rule_for
 from linearkit.recipes.train_mnist1d import accuracy, train
+from linearkit.rules import rule_for
+from linearkit.storage.safetensors_header import read_header
+from linearkit.training.loop import step
 from linearkit.transforms import quantize, quantize_weight
 
 torch = pytest.importorskip("torch")

@@ -5,10 +5,9 @@ import numpy as np
 import pytest
 
 import linearkit as lk
+from experiments.checkpoint_measure import deep_mlp, measure_checkpointing, step_peak_bytes
 from linearkit import precision as P
 from linearkit.analysis import ledger
-
-from experiments.checkpoint_measure import deep_mlp, measure_checkpointing, step_peak_bytes
 
 
 def test_tracemalloc_peak_drops_by_what_the_ledger_says():

@@ -5,9 +5,8 @@ import math
 import numpy as np
 import pytest
 
-import linearkit as lk
-
 import experiments
+import linearkit as lk
 from experiments import init_depth as E
 
 ROWS = [(t, d, i) for t in ("mnist1d", "gmm128") for d in (8, 16) for i in E.INITS]

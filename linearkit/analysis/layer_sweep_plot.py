@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .render import agg_figure
 from .layer_sweep import KNEE_FRACTION, SweepResult
+from .render import agg_figure
 
 __all__ = ["MISSING", "plot_sweep"]
 

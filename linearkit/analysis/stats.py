@@ -63,8 +63,8 @@ from typing import Any
 
 import numpy as np
 
-from ..training.loop import step
 from ..core.module import Module
+from ..training.loop import step
 from .stats_flags import Flag, LayerStats, find_flags
 from .stats_report import StatsReport
 

@@ -16,12 +16,12 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from . import structure as _structure
+from .. import precision as _precision
+from ..errors import Located
 from . import anomaly as _anomaly
 from . import closures as _closures
 from . import hooks as _hooks
-from .. import precision as _precision
-from ..errors import Located
+from . import structure as _structure
 from .parameter import Parameter
 from .vjp_protocol import check_finite, guarded_vjp
 

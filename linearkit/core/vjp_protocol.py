@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..errors import AnomalyError, BackwardError, Located, ShapeError
 from . import anomaly as _anomaly
 from . import hooks as _hooks
-from ..errors import AnomalyError, BackwardError, ShapeError, Located
 
 __all__ = ["check_backward", "check_finite", "dy_shape_error", "guarded_vjp"]
 

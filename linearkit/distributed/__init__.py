@@ -30,6 +30,7 @@ from .comm import (
     timeout,
     world_size,
 )
+from .data_parallel import shard_batch, step
 from .parallel_linear import ColumnParallelLinear, RowParallelLinear, split_range
 from .reducer import (
     DEFAULT_BUCKET_BYTES,
@@ -37,10 +38,9 @@ from .reducer import (
     allreduce_gradients,
     broadcast_parameters,
 )
+from .rules import register_rules as _register_rules
 from .sampler import DistributedSampler, shard_indices
 from .sharding import gather_linear, parallel_mlp, shard_linear
-from .data_parallel import shard_batch, step
-from .rules import register_rules as _register_rules
 
 _register_rules()
 

@@ -25,10 +25,10 @@ import math
 import numpy as np
 
 from .. import functional as F
-from ..errors import ShapeError
-from ..layers._checks import as_input, feature_count
 from ..core.module import Module, Parameter
 from ..core.random import resolve
+from ..errors import ShapeError
+from ..layers._checks import as_input, feature_count
 from . import comm as _comm
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "split_range"]

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import math
 
-from .parallel_linear import ColumnParallelLinear, RowParallelLinear
 from ..errors import ShapeError
 from ..rules.cost_rules import lead, linear_cost
 from ..rules.registry import LayerRule, register_rule
+from .parallel_linear import ColumnParallelLinear, RowParallelLinear
 
 __all__ = ["COLUMN_PARALLEL_LINEAR", "ROW_PARALLEL_LINEAR", "RULES", "comm_bytes", "register_rules"]
 

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..errors import FormatError
-from .architecture import architecture_metadata
 from ..storage.safetensors_header import read_tensors
 from ..storage.tensor_file import write_tensors
+from .architecture import architecture_metadata
 
 __all__ = ["load", "save"]
 

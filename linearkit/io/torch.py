@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import precision
-from ..errors import FormatError
 from ..core.module import Module
+from ..errors import FormatError
 from ..rules import registered_types, torch_twins
 
 __all__ = ["array_to_tensor", "from_torch", "load_torch_state", "tensor_to_numpy", "to_torch"]

@@ -6,8 +6,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..errors import ShapeError
 from ..core.module import Module
+from ..errors import ShapeError
 
 __all__ = ["Residual", "Sequential", "install_runner"]
 

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from ..errors import ShapeError
 from ..core.module import Module
+from ..errors import ShapeError
 
 __all__ = ["Flatten"]
 

@@ -10,9 +10,9 @@ import numpy as np
 
 from .. import functional as F
 from .. import precision as P
-from ..errors import ShapeError
 from ..core.module import Module, Parameter
 from ..core.random import resolve
+from ..errors import ShapeError
 from ._checks import as_input, feature_count, float_dtype
 
 __all__ = ["Identity", "LazyLinear", "Linear", "linear_from", "uninitialized"]

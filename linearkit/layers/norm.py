@@ -10,8 +10,8 @@ import numpy as np
 
 from .. import functional as F
 from .. import precision as P
-from ..errors import ShapeError
 from ..core.module import Module, Parameter
+from ..errors import ShapeError
 from ._checks import as_input, feature_count, float_dtype
 
 __all__ = ["BatchNorm1d", "LayerNorm", "check_batch_norm_input", "running_stats_frozen"]

@@ -33,8 +33,8 @@ import math
 import numpy as np
 
 from .. import functional as F
-from ..errors import ShapeError, Located
 from ..core.module import Module
+from ..errors import Located, ShapeError
 from ._checks import as_input, feature_count, float_dtype
 from .linear import Linear
 

@@ -13,8 +13,8 @@ import math
 import numpy as np
 
 from .. import functional as F
-from ..errors import ShapeError
 from ..core.module import Module, Parameter
+from ..errors import ShapeError
 from ._checks import as_input, feature_count, float_dtype
 from .linear import Linear
 

@@ -12,11 +12,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..core.module import Module
 from ..layers import Linear, ReLU, Residual, Sequential
+from ..losses import CrossEntropyLoss
 from ..training.loop import evaluate
 from ..training.loop import step as loop_step
-from ..losses import CrossEntropyLoss
-from ..core.module import Module
 
 PAPER_ACCURACY = {"linear": 0.32, "mlp": 0.68}
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import math
 
-from ..training.checkpointing import Checkpoint
 from ..layers.container import trains
+from ..training.checkpointing import Checkpoint
 from .cost_rules import ZERO
 from .rebuild import Rebuild
 from .registry import LayerRule

@@ -29,14 +29,14 @@ from _tracemalloc import is_tracing  # the C half of tracemalloc: no import cost
 
 import numpy as np
 
-from ..core import structure as _structure
+from .. import functional as F
 from ..backend import fast
 from ..backend import gemm as _gemm
-from ..core import anomaly as _anomaly
-from .. import functional as F
 from ..backend import threads as _threads
 from ..backend.fast import blas as _blas
 from ..backend.fast import chain_flags as K
+from ..core import anomaly as _anomaly
+from ..core import structure as _structure
 from ..core.vjp_protocol import check_backward, check_finite
 from ..layers.activation import ReLU
 from ..layers.linear import Linear

@@ -21,18 +21,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import functional as F
 from ..backend import fast
 from ..backend import gemm as _gemm
-from .. import functional as F
 from ..backend import threads as _threads
 from ..backend.fast import blas as _blas
 from ..backend.fast import chain_flags as K
-from . import compiled_chain as _compiled
-from . import switches as _switches
-from . import thin_path as _thin
 from ..layers.container import Sequential, trains
 from ..losses import FUSED_CE_MAX, CrossEntropyLoss
 from ..optim.adam import STATE_KEYS, STATE_KEYS_AMSGRAD, Adam, AdamW
+from . import compiled_chain as _compiled
+from . import switches as _switches
+from . import thin_path as _thin
 
 __all__ = ["prepare", "run"]
 

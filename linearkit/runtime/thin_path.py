@@ -24,18 +24,18 @@ import math
 
 import numpy as np
 
-from ..core import anomaly as _anomaly
+from .. import functional as F
+from .. import precision as P
 from ..backend import fast
 from ..backend import gemm as _gemm
-from .. import functional as F
+from ..core import anomaly as _anomaly
 from ..core import hooks as _hooks
 from ..core import structure as _structure
-from .. import precision as P
 from ..core.vjp_protocol import check_backward, dy_shape_error
-from . import compiled_chain as _compiled
-from . import switches as _switches
 from ..layers.activation import GELU, LeakyReLU, ReLU, Sigmoid, SiLU, Tanh
 from ..layers.linear import Identity, Linear, linear_backward_into
+from . import compiled_chain as _compiled
+from . import switches as _switches
 
 __all__ = ["DIRECT", "FUSED", "GUARDED", "UNGUARDED", "blocker", "chain_forward", "chain_vjp",
            "child_routes", "fuses_now", "thin_path"]

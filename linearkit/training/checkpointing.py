@@ -48,9 +48,9 @@ from collections import OrderedDict
 import numpy as np
 
 from ..core import random as _random
+from ..core.module import Module
 from ..layers.container import Sequential, trains
 from ..layers.norm import running_stats_frozen
-from ..core.module import Module
 
 __all__ = ["Checkpoint", "checkpoint", "checkpoint_sequential", "recomputing"]
 

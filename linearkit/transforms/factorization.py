@@ -24,10 +24,10 @@ import numbers
 
 import numpy as np
 
-from ..layers import Linear, Sequential
-from ..core.module import Module
-from ..rules import rule_for
 from ..analysis.timing import same_run_seconds
+from ..core.module import Module
+from ..layers import Linear, Sequential
+from ..rules import rule_for
 from .transform_report import TransformReport, hooks_off
 from .walk import copy_model, finish, linear_from, named, select_linears, set_submodule
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..analysis.ledger.report import human_bytes
-from ..training.loop import evaluate, step
-from ..losses import CrossEntropyLoss
-from ..core.module import Module
-from ..optim import Adam
 from ..analysis.timing import same_run_seconds
+from ..core.module import Module
+from ..losses import CrossEntropyLoss
+from ..optim import Adam
+from ..training.loop import evaluate, step
 from .factorization import NAME, check_choice, factorize_with
 from .transform_report import evaluating, hooks_off, state_size, unhooked
 from .walk import copy_model, select_linears

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..layers import BatchNorm1d, LayerNorm, Linear
 from ..core.module import Module
+from ..layers import BatchNorm1d, LayerNorm, Linear
 from ..rules import rule_for
 from .merge import as_float64, bias_through, edit_chains, join
 from .walk import Ties, copy_model, finish, linear_from, lists, named

@@ -11,8 +11,8 @@ import os
 
 import numpy as np
 
-from ..errors import FormatError
 from ..core.module import Module
+from ..errors import FormatError
 from .lora_transforms import (
     LoRAReport,
     adapter_owner,

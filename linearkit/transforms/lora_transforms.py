@@ -31,14 +31,13 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from .. import precision
-from ..layers import Linear
-from ..layers.lora import LoRALinear
 from ..core.module import Module
 from ..core.random import resolve
+from ..layers import Linear
+from ..layers.lora import LoRALinear
 from ..rules import is_lazy, rule_for
 from .transform_report import TransformReport
-from .walk import (Ties, copy_model, finish, linear_from, lists, named, select_linears,
-                   set_submodule)
+from .walk import Ties, copy_model, finish, linear_from, lists, named, select_linears, set_submodule
 
 __all__ = ["LoRAReport", "add_lora", "extract_lora", "extract_lora_weights", "merge_lora",
            "merge_lora_weights"]

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..layers import Linear, Sequential
 from ..core.module import Module
+from ..layers import Linear, Sequential
 from ..rules import is_lazy, own_rule, rule_for
 from .walk import Ties, copy_model, finish, linear_from, lists, named, replace_everywhere, uses
 

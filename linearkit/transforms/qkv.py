@@ -12,8 +12,8 @@ import itertools
 
 import numpy as np
 
-from ..layers import Linear
 from ..core.module import Module
+from ..layers import Linear
 from .walk import finish, linear_from, lists, named
 
 __all__ = ["fuse_qkv", "fuse_qkv_weights", "split_qkv"]

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.module import Module
 from ..errors import ShapeError
 from ..layers.quantized import ACTIVATION_MODES, QuantizedLinear, int8_rows
-from ..core.module import Module
 from ..rules import rule_for
 from .transform_report import evaluating, hooks_off, probe_inputs, state_size
-from .walk import (copy_model, finish, named, paths_text, replace_everywhere, select_linears,
-                   uses)
+from .walk import copy_model, finish, named, paths_text, replace_everywhere, select_linears, uses
 
 __all__ = ["SCHEMES", "quantize", "quantize_weight"]
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..analysis.ledger.report import human_bytes
-from ..errors import ShapeError
 from ..core import structure as _structure
 from ..core.module import Module
+from ..errors import ShapeError
 from ..rules import is_lazy
 
 __all__ = ["TransformReport", "compare_models", "evaluating", "hooks_off", "probe_inputs",

@@ -13,9 +13,9 @@ import fnmatch
 
 import numpy as np
 
+from ..core.module import Module
 from ..layers import Linear
 from ..layers.linear import linear_from
-from ..core.module import Module
 from ..rules import is_lazy, rule_for, transforms_for
 from .transform_report import TransformReport, compare_models, probe_inputs, state_size
 

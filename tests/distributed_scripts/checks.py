@@ -16,9 +16,9 @@ import numpy as np
 
 import linearkit as lk
 from linearkit import distributed as D
+from linearkit.data import DataLoader
 from linearkit.training.accumulation import accumulated_step
 from linearkit.training.amp import GradScaler
-from linearkit.data import DataLoader
 
 TOL = {"atol": 1e-12, "rtol": 1e-12}
 RANK, SIZE = D.rank(), D.world_size()

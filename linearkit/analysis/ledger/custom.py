@@ -12,8 +12,8 @@ import copy
 
 import numpy as np
 
-from ...core import hooks
 from ... import precision as P
+from ...core import hooks
 from ...core.closures import kept_arrays
 from ...errors import Located
 from .linearkit_layers import add_note, describe, fill_row, rule_for

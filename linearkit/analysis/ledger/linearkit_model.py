@@ -21,8 +21,8 @@ import math
 import numpy as np
 
 from ... import precision as P
-from ...errors import Located
 from ...core.module import Module
+from ...errors import Located
 from .accumulator import Acc
 from .custom import run_custom
 from .linearkit_layers import describe, fill_row, rule_for

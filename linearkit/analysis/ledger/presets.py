@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ...layers import Linear, ReLU, Residual, Sequential
 from ...core.module import Module
+from ...layers import Linear, ReLU, Residual, Sequential
 
 __all__ = ["PRESETS", "preset"]
 
