@@ -348,7 +348,7 @@ def _readme_python_blocks():
 
 def test_readme_snippets_run(tmp_path, monkeypatch, capsys):
     blocks = _readme_python_blocks()
-    assert len(blocks) == 6 and "lk.load_model(" in blocks[1]
+    assert len(blocks) == 7 and "lk.load_model(" in blocks[1]
     exec(compile(blocks[0], "README.md: a training step", "exec"), {})
     # "Load saved weights back", on the file the README's first command writes.
     monkeypatch.chdir(tmp_path)
@@ -378,3 +378,9 @@ def test_readme_snippets_run(tmp_path, monkeypatch, capsys):
     assert 1.5 < scope["loss"] < 3.5        # ~ln 10 at init: the full batch's loss, one step
     assert [type(m).__name__ for m in scope["mlp"]] == ["ColumnParallelLinear", "GELU",
                                                         "RowParallelLinear"]
+    # "Ask your model the three questions": the doctor finds the two Linears to merge.
+    scope = {}
+    exec(compile(blocks[6], "README.md: the three questions", "exec"), scope)
+    text = capsys.readouterr().out
+    assert "THE THREE QUESTIONS" in text and "lk.transforms.merge_linear(model)" in text
+    assert scope["report"].to_dict()["verdict"] == "healthy"
