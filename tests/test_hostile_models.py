@@ -481,3 +481,30 @@ def test_what_the_reference_loader_lets_through_and_linearkit_refuses(tmp_path):
             load_file(str(path))
         with pytest.raises(lk.FormatError):
             lk.load(path)
+
+
+def test_float16_overflow_warns_and_strict_finite_refuses(tmp_path):
+    """A weight beyond float16's range becomes inf in a float16 model: to() and load() say so
+    (naming the tensor), and load(strict_finite=True) refuses before touching the model."""
+    import warnings
+
+    model = lk.Sequential(lk.Linear(3, 2))
+    model[0].weight.data[0, 0] = 1e6
+    with pytest.warns(UserWarning, match=r"0\.weight held values beyond float16's range"):
+        model.to("float16")
+    assert np.isinf(model[0].weight.data[0, 0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lk.Linear(3, 2).to("float16")                       # in range: no warning
+        lk.Linear(3, 2).to("bfloat16")
+    big = lk.Linear(3, 2)
+    big.weight.data[1, 2] = -7e4
+    path = lk.save(big, tmp_path / "big.safetensors")
+    target = lk.Linear(3, 2).to("float16")
+    before = target.weight.data.copy()
+    with pytest.raises(lk.FormatError, match="'weight' hold values beyond float16's range"):
+        lk.load(path, target, strict_finite=True)
+    assert np.array_equal(target.weight.data, before)     # a refused load changes nothing
+    with pytest.warns(UserWarning, match="become inf"):
+        lk.load(path, target)
+    assert np.isinf(target.weight.data[1, 2])

@@ -11,6 +11,7 @@ lives in ``parameter.py``.
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict, namedtuple
 from collections.abc import Callable, Iterator
 
@@ -88,6 +89,14 @@ def _whole_in_range(value: np.ndarray, dtype: np.dtype) -> bool:
 
 def _assign(array: np.ndarray, value: np.ndarray) -> None:
     array[...] = value
+
+
+def _overflowed(before: np.ndarray, after: np.ndarray) -> bool:
+    """Whether a cast to float16 made a finite value of ``before`` infinite."""
+    if after.dtype != np.float16 or not after.size:
+        return False
+    with np.errstate(invalid="ignore"):
+        return bool(np.any(np.isinf(after) & np.isfinite(before)))
 
 
 @_closures.opaque     # a closure walk (the ledger, detect_anomaly) stops at a module
@@ -353,16 +362,30 @@ class Module:
         precision = _precision
         dtype = precision.storage_dtype(dtype)
         grad_dtype = precision.grad_dtype(dtype)
-        for module in self.modules():
-            for p in module._parameters.values():
+        overflowed = []         # float16 only: finite values that became inf
+        for path, module in self.named_modules():
+            prefix = path + "." if path else ""
+            for name, p in module._parameters.items():
                 if p is not None and precision.is_float(p.data.dtype):
-                    p.data = p.data.astype(dtype)
+                    with np.errstate(over="ignore"):    # said once, below, with the names
+                        data = p.data.astype(dtype)
+                    if _overflowed(p.data, data):
+                        overflowed.append(prefix + name)
+                    p.data = data
                     p.grad = None if p.grad is None else p.grad.astype(grad_dtype)
             for name, b in module._buffers.items():
                 if b is not None and precision.is_float(b.dtype):
-                    setattr(module, name, b.astype(dtype))
+                    with np.errstate(over="ignore"):
+                        data = b.astype(dtype)
+                    if _overflowed(b, data):
+                        overflowed.append(prefix + name)
+                    setattr(module, name, data)
             if hasattr(module, "dtype"):
                 object.__setattr__(module, "dtype", dtype)
+        if overflowed:
+            warnings.warn(f"to({dtype}): {', '.join(overflowed)} held values beyond float16's "
+                          f"range (±65504), now inf; bfloat16 keeps float32's range",
+                          UserWarning, stacklevel=2)
         return self
 
     # ------------------------------------------------------------------ state dict

@@ -82,6 +82,14 @@ def load(path: str | os.PathLike, model=None, strict: bool = True, strict_finite
     if model is None:
         return state
     state = {k: a.astype(np.float32) if a.dtype.kind == "V" else a for k, a in state.items()}
+    over = _overflowing(state, model)
+    if over:
+        problem = (f"tensor(s) {', '.join(map(repr, over))} hold values beyond float16's range "
+                   f"(±{_FLOAT16_MAX:g}): loaded into the model's float16 arrays they become inf")
+        if strict_finite:
+            raise FormatError(problem, path=path, hint="keep the model in float32 or bfloat16 "
+                              "(bfloat16 has float32's range), or rescale the weights")
+        warnings.warn(f"{path}: {problem}", UserWarning, stacklevel=2)
     try:
         model.load_state_dict(state, strict=strict)
     except RuntimeError as err:
@@ -89,3 +97,24 @@ def load(path: str | os.PathLike, model=None, strict: bool = True, strict_finite
                           hint="build the model with the architecture the file was saved from, "
                                "or pass strict=False to skip missing/unexpected keys") from err
     return model
+
+
+_FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+def _overflowing(state: dict, model) -> list[str]:
+    """The keys of ``state`` whose finite values exceed float16's range where ``model`` stores
+    that key in float16 (a cast there would make them inf)."""
+    targets = model.state_dict()
+    over = []
+    for key, value in state.items():
+        target = targets.get(key)
+        if target is None or np.asarray(target).dtype != np.float16:
+            continue
+        value = np.asarray(value)
+        if value.dtype.kind != "f" or value.dtype == np.float16 or not value.size:
+            continue
+        finite = value[np.isfinite(value)]
+        if finite.size and float(np.abs(finite).max()) > _FLOAT16_MAX:
+            over.append(key)
+    return over
