@@ -15,6 +15,8 @@ return ``(new_model, report)`` — the input model is never modified. See docs/s
 ``quantize(model, "int8")``   weight-only int8, per output channel
 ``fuse_qkv`` / ``split_qkv``  three projections <-> one Linear laid out [q | k | v]
 ``prune`` / ``to_sparse``     magnitude pruning, and CSR layers that store only the nonzeros
+``compress(model, ...)``      the steps above in order; ``data=, max_drop=``: the smallest
+                              model within an accuracy budget (see docs/compress.md)
 ============================  ==========================================================
 """
 
@@ -40,6 +42,8 @@ _WHERE = {
     "quantize_weight": "quantization", "quantize": "quantization",
     "fuse_qkv_weights": "qkv", "fuse_qkv": "qkv", "split_qkv": "qkv",
     "prune_weight": "pruning", "prune": "pruning", "to_sparse": "pruning",
+    "compress": "pipeline",
+    "CostlyTransformError": "budget", "BudgetReport": "budget", "plot_tradeoff": "budget",
 }
 
 __all__ = ["TransformReport"]
