@@ -88,7 +88,9 @@ def test_convert_to_onnx_and_back_keeps_the_outputs(tmp_path):
 
 
 def test_convert_to_onnx_needs_an_input_shape(tmp_path, capsys):
+    """A model file gives its first layer's width (tests/test_hostile_cli_messages.py); a file
+    of weights alone has none, and the export says what it needs."""
     path = tmp_path / "m.safetensors"
-    lk.save(_model(), path)
+    lk.save(_model().state_dict(), path)
     assert main(["convert", str(path), str(tmp_path / "m.onnx")]) == 2
     assert "needs the input shape" in capsys.readouterr().err

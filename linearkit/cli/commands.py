@@ -207,16 +207,26 @@ def _launch_ranks(args: argparse.Namespace, ranks: int, out: str) -> int:
     before = _file_identity(out)
     try:
         code = run_ranks(ranks, [sys.executable, "-m", "linearkit.cli", *argv])
-    except KeyboardInterrupt:
-        # run_ranks has waited for mpirun to end. Rank 0 saves after the last step, renaming a
-        # complete file over OUT, so a changed OUT means training and saving had completed; what
-        # can still have been cut is rank 0's report, which rank 0 prints itself.
+    except KeyboardInterrupt:  # a run_ranks that raises it: the job's status is unknown
+        code = None
+    if code is None or getattr(code, "interrupted", False):
+        # run_ranks has waited for mpirun to end. Status 0: every rank finished, rank 0 had
+        # saved and printed its report, so the run is complete. Else: rank 0 saves after the
+        # last step, renaming a complete file over OUT, so a changed OUT means training and
+        # saving had completed; what can still have been cut is rank 0's report.
+        if code == 0:
+            print(terminal_safe(f"linearkit train: interrupted as the {ranks}-rank job ended, "
+                                f"after it had completed; the weights are saved to {out}"),
+                  file=sys.stderr)
+            return 0
         if _file_identity(out) not in (None, before):
             raise _Interrupted(
                 f"linearkit train: interrupted as the {ranks}-rank job was ending: the weights "
                 f"had been saved to {out} (the file is complete); rank 0's report above may be "
                 "cut short", 130) from None
-        raise
+        raise KeyboardInterrupt  # nothing complete: main says so, status 130
+    if code == 2:  # a rank's one-line user or machine error (a full disk), printed above
+        return 2
     if code:
         print(f"linearkit train: error: the {ranks}-rank job failed (mpirun exit status {code}); "
               "the failing rank's message is above", file=sys.stderr)
@@ -230,14 +240,17 @@ def _rank_is_zero() -> bool:
     return rank() == 0
 
 
-def _abort_job_on_error(inside: bool):
+def _abort_job_on_error(inside: bool, args: argparse.Namespace | None = None):
     """In a rank of a ``--ranks`` job, an error ends the whole job with ``rank R: message``
-    (``linearkit.distributed.abort_on_error``); elsewhere nothing changes."""
+    (``linearkit.distributed.abort_on_error``); elsewhere nothing changes. A user error, an
+    OSError (a full disk) or a MemoryError is the one line the single-process command prints
+    (no traceback) and the job ends with status 2, as that command would."""
     if not inside:
         return contextlib.nullcontext()
     from ..distributed import abort_on_error
 
-    return abort_on_error()
+    command = f"linearkit {getattr(args, 'command', None) or 'train'}"
+    return abort_on_error(describe=lambda exc: _error_line(command, exc, args))
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -293,7 +306,7 @@ def _train(args: argparse.Namespace) -> int:
                     print(f"step {step:>6}  loss {loss:.4f}  test accuracy {test_acc:.1%}")
 
     try:
-        with _abort_job_on_error(inside), _ctrl_c_between_steps(progress) as each_step:
+        with _abort_job_on_error(inside, args), _ctrl_c_between_steps(progress) as each_step:
             model, result = train(args.model, hidden=args.hidden, steps=args.steps, lr=args.lr,
                                   batch_size=args.batch_size, seed=args.seed,
                                   eval_every=args.eval_every, progress=each_step, dataset=data,
@@ -308,7 +321,7 @@ def _train(args: argparse.Namespace) -> int:
     recipe = {k: v for k, v in vars(args).items() if k != "run"}
     before = _file_identity(out)
     try:
-        with _abort_job_on_error(inside):
+        with _abort_job_on_error(inside, args):
             save(model, out, metadata={"linearkit.recipe": json.dumps(recipe, default=str)})
     except KeyboardInterrupt:
         if _file_identity(out) in (None, before):
@@ -381,6 +394,23 @@ def _check_safetensors_file(path: str) -> None:
                          f"file written by linearkit.save or linearkit train, or a preset")
 
 
+def _shape_from_file(path: str) -> tuple | None:
+    """``(1, in_features)`` of the first layer of the architecture ``path`` stores, said in one
+    line on stderr; None (nothing said) when the file stores no architecture or its first layer
+    does not give its width. A file the reader refuses is left to the command to report."""
+    from ..analysis.inspect_file import first_layer_width
+
+    try:
+        width = first_layer_width(path)
+    except (FormatError, OSError, ValueError, KeyError, TypeError):
+        return None
+    if width is None:
+        return None
+    print(terminal_safe(f"input shape (1, {width}) taken from the file's first layer; give "
+                        "--input-shape to change it"), file=sys.stderr)
+    return (1, width)
+
+
 def _ledger(args: argparse.Namespace) -> int:
     from ..analysis.ledger import PRESETS, ledger
 
@@ -398,6 +428,8 @@ def _ledger(args: argparse.Namespace) -> int:
     shape_ = args.input_shape
     if shape_ is None and args.model in PRESETS:
         shape_ = PRESETS[args.model][1]
+    elif shape_ is None:  # a file: the width its first layer takes, when it says
+        shape_ = _shape_from_file(args.model)
     optimizer = None if args.optimizer == "none" else args.optimizer
     try:
         report = ledger(args.model, shape_, optimizer=optimizer, dtype=args.dtype)
@@ -436,9 +468,14 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from ..analysis.inspect_file import describe_file, render
+    from ..analysis.inspect_file import describe_file, not_safetensors, render
 
+    if os.path.isdir(args.file):  # a folder: say which model files it holds
+        raise UsageError(not_safetensors(args.file))
     _input_file(args.file)  # linearkit's own reader: no extra needed to inspect
+    other = not_safetensors(args.file)  # an ONNX or PyTorch file: which command reads it
+    if other is not None:
+        raise UsageError(other)
     info = describe_file(args.file)
     if args.json:
         _print_json(info)  # JSON escapes every control character itself
@@ -479,8 +516,12 @@ def _convert(args: argparse.Namespace) -> int:
     if os.path.abspath(args.source) != os.path.abspath(args.target):  # else convert refuses
         _replacing("convert", args.target, "once the conversion succeeds (Ctrl-C or an error "
                    "keeps it)")
+    input_shape = args.input_shape
+    if input_shape is None and args.target.lower().endswith(".onnx") \
+            and args.source.lower().endswith(".safetensors"):
+        input_shape = _shape_from_file(args.source)  # an export needs one: the file's own
     try:
-        convert(args.source, args.target, input_shape=args.input_shape)
+        convert(args.source, args.target, input_shape=input_shape)
     except ImportError as exc:
         raise UsageError(str(exc)) from None
     _say(f"wrote {args.target}")
@@ -510,15 +551,45 @@ def _compress(args: argparse.Namespace) -> int:
             probe = np.load(args.probe, allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise UsageError(f"--probe {args.probe}: not a .npy array ({exc})") from None
+    if args.max_drop is not None and not (math.isfinite(args.max_drop) and args.max_drop >= 0):
+        raise UsageError(f"argument --max-drop: expected a number >= 0 (accuracy points, or "
+                         f"percent of the MSE), got {args.max_drop}; e.g. --max-drop 1.0")
+    if args.max_drop is not None and args.data is None:
+        raise UsageError("argument --max-drop: needs held-out data to measure against; add "
+                         "--data mnist1d or --data X.npy Y.npy")
+    data = None
+    if args.data is not None:
+        if args.data == ["mnist1d"]:
+            from ..data import mnist1d
+
+            test = mnist1d()
+            data = (test.x_test, test.y_test)
+        elif len(args.data) == 2:
+            for path in args.data:
+                _input_file(path, "--data")
+            try:
+                data = tuple(np.load(path, allow_pickle=False) for path in args.data)
+            except (OSError, ValueError) as exc:
+                raise UsageError(f"--data {' '.join(args.data)}: expected two .npy arrays, "
+                                 f"inputs X (N, ...) and labels or targets Y (N, ...) ({exc})"
+                                 ) from None
+        else:
+            raise UsageError(f"argument --data: expected 'mnist1d' or two .npy files X.npy "
+                             f"Y.npy; got {' '.join(args.data)!r}")
+    from ..transforms.budget import CostlyTransformError
+
     try:
         model = load_any(args.source, args.arch)
         if args.fold:
             model.eval()  # compressing is for inference: BatchNorm folds with running stats
         model, reports = compress(model, merge=args.merge, fold=args.fold, rank=args.rank,
                                   energy=args.energy, int8=args.int8, prune=args.prune,
-                                  probe=probe)
+                                  probe=probe, data=data, max_drop=args.max_drop,
+                                  force=args.force)
     except ImportError as exc:
         raise UsageError(str(exc)) from None
+    except CostlyTransformError as exc:
+        raise UsageError(exc.cli_message()) from None
     except (ValueError, TypeError) as exc:
         if isinstance(exc, USER_ERRORS):
             raise
@@ -528,6 +599,9 @@ def _compress(args: argparse.Namespace) -> int:
     save(model, args.out)
     for report in reports:
         _say(report)
+    if data is not None:  # the explored trade-off and what was kept
+        _say(reports.table())
+        _say(reports.choice())
     _say(f"wrote {args.out}: {os.path.getsize(args.source):,} -> "
          f"{os.path.getsize(args.out):,} bytes on disk")
     return 0
@@ -693,7 +767,10 @@ def build_parser() -> argparse.ArgumentParser:
         "compress", help="merge, fold, factorize, prune or int8-quantize a model file",
         description="Shrink a model file with linearkit.transforms, each step checked on probe "
                     "inputs (its report is printed): --fold, then --merge, then --rank/--energy, "
-                    "then --prune (stored sparse), then --int8. Writes .safetensors.")
+                    "then --prune (stored sparse), then --int8. Writes .safetensors. With --data "
+                    "and --max-drop it searches for the smallest model within the budget; "
+                    "without --data a step changing the outputs by more than 10%% is refused "
+                    "unless --force.")
     squeeze.add_argument("source", help="a linearkit .safetensors model file, an ONNX MLP, or "
                                         "a .pt/.pth state dict (with --arch)")
     squeeze.add_argument("-o", "--out", required=True, help="the .safetensors file to write")
@@ -715,6 +792,16 @@ def build_parser() -> argparse.ArgumentParser:
                               "store the layers sparse")
     squeeze.add_argument("--probe", default=None,
                          help="a .npy batch of real inputs to check the result on")
+    squeeze.add_argument("--data", nargs="+", default=None, metavar="mnist1d|X.npy Y.npy",
+                         help="held-out data to measure accuracy (integer labels) or MSE "
+                              "(float targets) on: 'mnist1d' (its test split) or two .npy files")
+    squeeze.add_argument("--max-drop", type=float, default=None, metavar="POINTS",
+                         help="with --data: search the lossy steps (those given, else a "
+                              "default grid) and keep the smallest model within this many "
+                              "accuracy points (or percent of the MSE) of the original")
+    squeeze.add_argument("--force", action="store_true",
+                         help="without --data, write a result whose outputs change by more "
+                              "than 10%% on the probes (refused otherwise)")
     squeeze.set_defaults(run=_compress)
 
     doctor = commands.add_parser(
@@ -856,6 +943,25 @@ def _os_error_line(exc: OSError, args) -> str:
     return f"{name}: {got}; {fix}"
 
 
+def _error_line(command: str, exc: BaseException, args) -> str | None:
+    """The one line (escaped for a terminal) a user error, an OSError or a MemoryError becomes,
+    exit status 2: what ``main`` prints, and a rank of a ``--ranks`` job too; None for any
+    other exception (a bug: its traceback is shown)."""
+    if isinstance(exc, USER_ERRORS):
+        kind = "" if isinstance(exc, UsageError) else f"{type(exc).__name__}: "
+        message = " ".join(str(exc).replace("\n  hint: ", " -- hint: ").split())
+        return terminal_safe(f"{command}: error: {kind}{message}")
+    if isinstance(exc, OSError):
+        return terminal_safe(f"{command}: error: {_os_error_line(exc, args)}")
+    if isinstance(exc, MemoryError):
+        detail = " ".join(str(exc).split())
+        return terminal_safe(f"{command}: error: out of memory"
+                             f"{f' ({detail})' if detail else ''}: the work asked for does not "
+                             "fit in this machine's memory; no output file was replaced; use "
+                             "smaller sizes or close other programs")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``linearkit ARGV``; returns the exit status (see the module docstring)."""
     parser = build_parser()
@@ -878,20 +984,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
     except BrokenPipeError:
         return _stdout_closed()
-    except USER_ERRORS as exc:
-        kind = "" if isinstance(exc, UsageError) else f"{type(exc).__name__}: "
-        message = " ".join(str(exc).replace("\n  hint: ", " -- hint: ").split())
-        print(terminal_safe(f"{command}: error: {kind}{message}"), file=sys.stderr)
-        return 2
-    except OSError as exc:  # the disk, the permissions, the filesystem: not a bug in linearkit
-        print(terminal_safe(f"{command}: error: {_os_error_line(exc, args)}"), file=sys.stderr)
-        return 2
-    except MemoryError as exc:
-        detail = " ".join(str(exc).split())
-        print(terminal_safe(f"{command}: error: out of memory"
-                            f"{f' ({detail})' if detail else ''}: the work asked for does not fit "
-                            "in this machine's memory; no output file was replaced; use smaller "
-                            "sizes or close other programs"), file=sys.stderr)
+    except (*USER_ERRORS, OSError, MemoryError) as exc:  # a mistake, the disk, the memory:
+        print(_error_line(command, exc, args), file=sys.stderr)  # not a bug in linearkit
         return 2
     except Exception:
         import traceback

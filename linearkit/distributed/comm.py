@@ -116,11 +116,16 @@ def abort(message: str, comm=None, code: int = 1):
 
 
 @contextlib.contextmanager
-def abort_on_error(comm=None):
+def abort_on_error(comm=None, describe=None):
     """In a job of several ranks, an exception escaping the block aborts the job: the traceback
     and ``rank R: ExceptionType: message`` go to stderr, then ``MPI_Abort`` ends every rank
     (the others, blocked in their next collective, would otherwise wait for the timeout). In a
     single process the exception propagates unchanged. ``SystemExit(0)`` passes through.
+
+    ``describe(exc)``: a one-line message for an expected failure (a full disk, a bad file), or
+    None. When it gives one, only ``rank R: message`` is printed (no traceback) and the job
+    ends with status 2, as a command's user error does (``linearkit train --ranks`` passes the
+    CLI's own formatting of an OSError, a MemoryError or a FormatError).
 
     Also usable as a decorator: ``@abort_on_error()``.
     """
@@ -129,6 +134,14 @@ def abort_on_error(comm=None):
     except BaseException as exc:
         if world_size(comm) <= 1 or (isinstance(exc, SystemExit) and exc.code in (0, None)):
             raise
+        line = None
+        if describe is not None and isinstance(exc, Exception):
+            try:
+                line = describe(exc)
+            except Exception:  # noqa: BLE001 - a broken formatter must not hide the error
+                line = None
+        if line:
+            abort(" ".join(str(line).split()), comm, code=2)
         import traceback
 
         if not isinstance(exc, KeyboardInterrupt):

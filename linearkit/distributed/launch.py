@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 
-__all__ = ["find_mpirun", "mpirun_command", "run_ranks"]
+__all__ = ["JobStatus", "find_mpirun", "mpirun_command", "run_ranks"]
 
 
 def find_mpirun() -> str:
@@ -65,12 +65,25 @@ def rank_environment(ranks: int) -> dict:
     return env
 
 
-def run_ranks(ranks: int, command: list[str]) -> int:
+class JobStatus(int):
+    """mpirun's exit status, with ``interrupted``: whether Ctrl-C came while the job ran."""
+
+    interrupted: bool = False
+
+    def __new__(cls, status: int, interrupted: bool = False):
+        self = super().__new__(cls, status)
+        self.interrupted = interrupted
+        return self
+
+
+def run_ranks(ranks: int, command: list[str]) -> JobStatus:
     """Run ``command`` on ``ranks`` MPI ranks and wait; returns mpirun's exit status.
 
     The ranks' output goes to this process's stdout/stderr. Ctrl-C reaches mpirun too (it
-    ends the job); this process then waits for it, so no rank is left behind, and raises
-    KeyboardInterrupt. A SIGTERM to this process is passed on to mpirun.
+    ends the job); this process then waits for it, so no rank is left behind, and returns its
+    status with ``interrupted`` set: a job whose ranks had all finished (status 0) is a
+    complete run, which the caller can tell from one cut short. A SIGTERM to this process is
+    passed on to mpirun.
     """
     proc = subprocess.Popen(mpirun_command(ranks, command), env=rank_environment(ranks))
 
@@ -82,7 +95,7 @@ def run_ranks(ranks: int, command: list[str]) -> int:
     except ValueError:  # not the main thread
         previous = None
     try:
-        return proc.wait()
+        return JobStatus(proc.wait())
     except KeyboardInterrupt:
         try:
             proc.send_signal(signal.SIGINT)  # a second one, when the terminal's reached it
@@ -90,7 +103,10 @@ def run_ranks(ranks: int, command: list[str]) -> int:
         except subprocess.TimeoutExpired:
             proc.terminate()
             proc.wait()
-        raise
+        except KeyboardInterrupt:  # pressed again: end mpirun now, still waiting for it
+            proc.kill()
+            proc.wait()
+        return JobStatus(proc.returncode, interrupted=True)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
