@@ -174,6 +174,8 @@ def _field_owners() -> dict[str, set]:
 
 
 FIELD_OWNERS = _field_owners()
+# the call-hook machinery keeps each module's hook set for it (registering, running, suspending)
+FIELD_OWNERS["_hooks"].add("linearkit/core/hooks.py")
 
 
 def _private_fields(rel: str, tree: ast.Module) -> list[tuple[str, str, str, int]]:
@@ -187,6 +189,19 @@ def _private_fields(rel: str, tree: ast.Module) -> list[tuple[str, str, str, int
               and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
               and node.args[1].value in PRIVATE_FIELDS):
             field, target = node.args[1].value, node.args[0]
+        elif (isinstance(node, ast.Call) and ast.unparse(node.func) == "object.__setattr__"
+              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+              and node.args[1].value in PRIVATE_FIELDS):
+            field, target = node.args[1].value, node.args[0]
+        elif (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute)
+              and node.value.attr == "__dict__" and isinstance(node.slice, ast.Constant)
+              and node.slice.value in PRIVATE_FIELDS):
+            field, target = node.slice.value, node.value.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "get" and isinstance(node.func.value, ast.Attribute)
+              and node.func.value.attr == "__dict__" and node.args
+              and isinstance(node.args[0], ast.Constant) and node.args[0].value in PRIVATE_FIELDS):
+            field, target = node.args[0].value, node.func.value.value
         if field is None or (isinstance(target, ast.Name) and target.id == "self"):
             continue
         if rel not in FIELD_OWNERS[field]:
@@ -272,6 +287,9 @@ def test_no_private_name_is_imported_or_reached_across_modules():
     ("def f(m):\n    return [p for p in m._parameters.values()]\n", "private-field"),
     ("def f(m):\n    m._rng = None\n", "private-field"),
     ("def f(m):\n    return getattr(m, '_hooks')\n", "private-field"),
+    ("def f(m):\n    object.__setattr__(m, '_hooks', None)\n", "private-field"),
+    ("def f(m):\n    return m.__dict__['_hooks']\n", "private-field"),
+    ("def f(m):\n    return m.__dict__.get('_parameters')\n", "private-field"),
     ("from .merge import _as_float64\n", "private-import"),
     ("from . import merge\n\ndef f():\n    return merge._plan\n", "private-import"),
 ])

@@ -35,7 +35,7 @@ from . import structure as _structure
 
 __all__ = ["KINDS", "RemovableHandle", "observe", "register_module_forward_hook",
            "register_module_forward_pre_hook", "register_module_full_backward_hook",
-           "register_module_full_backward_pre_hook"]
+           "register_module_full_backward_pre_hook", "suspended"]
 
 #: The four kinds of hook, in the order they fire.
 KINDS = ("forward_pre", "forward", "backward_pre", "backward")
@@ -176,6 +176,27 @@ def run_backward(module, grad_input: tuple, grad_output: tuple) -> tuple:
         if result is not None:
             grad_input = result if isinstance(result, tuple) else (result,)
     return grad_input
+
+
+@contextlib.contextmanager
+def suspended(*models):
+    """Set aside the call hooks of every module of ``models`` (their own, not the global ones)
+    for the block, so that a tool's own runs on models it owns (a transform's probes, timing,
+    recorded inputs) fire none of them; each module gets exactly its own hook set back
+    afterwards, even on an error. Hooks registered inside the block are gone when it ends."""
+    saved = [(m, m.__dict__["_hooks"]) for model in models for m in model.modules()
+             if m.has_hooks()]
+    for m, _ in saved:
+        object.__setattr__(m, "_hooks", None)  # as Module keeps it when no hook is registered
+    if saved:
+        _structure.changed()  # a plan made with the hooks must not run without them, and back
+    try:
+        yield
+    finally:
+        for m, hook_set in saved:
+            object.__setattr__(m, "_hooks", hook_set)
+        if saved:
+            _structure.changed()
 
 
 def register_module_forward_pre_hook(hook: Callable) -> RemovableHandle:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..analysis.ledger.report import human_bytes
-from ..core import structure as _structure
+from ..core import hooks as _hooks
 from ..core.module import Module
 from ..errors import ShapeError
 from ..rules import is_lazy
@@ -139,19 +139,8 @@ def hooks_off(*models: Module):
     ``unhooked`` instead, never edited. Hooks the transform registers inside the block (to
     record a layer's inputs) live in a set of their own and are gone when the block ends.
     """
-    saved = [(m, m.__dict__["_hooks"]) for model in models for m in model.modules()
-             if m.has_hooks()]
-    for m, _ in saved:
-        object.__setattr__(m, "_hooks", None)  # as Module keeps it when no hook is registered
-    if saved:
-        _structure.changed()  # a plan made with the hooks must not run without them, and back
-    try:
+    with _hooks.suspended(*models):
         yield
-    finally:
-        for m, hook_set in saved:
-            object.__setattr__(m, "_hooks", hook_set)
-        if saved:
-            _structure.changed()
 
 
 def unhooked(model: Module) -> Module:
