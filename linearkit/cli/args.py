@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import tempfile
 
 __all__ = ["Parser", "UsageError", "check_writable_dir", "check_writable_file", "int_at_least",
@@ -41,7 +42,40 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", _DefaultsHelp)
+        # an abbreviation (--step for --steps) would be taken silently, and a later option
+        # sharing the prefix would change what an old command line means: spell options out
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        """As argparse, except that an unknown option after a subcommand is reported by that
+        subcommand's parser: its usage, then one error line with ``did you mean --X?`` when an
+        option of that subcommand is close (``--stpes`` -> ``--steps``); exit status 2."""
+        namespace, extras = super().parse_known_args(args, namespace)
+        unknown = [a for a in extras if a.startswith("-")]
+        sub = self._chosen_subparser(namespace) if unknown else None
+        if sub is not None:
+            import difflib
+
+            options = [o for action in sub._actions for o in action.option_strings
+                       if o.startswith("--")]
+            hints = []
+            for arg in unknown:
+                close = difflib.get_close_matches(arg.split("=", 1)[0], options, n=1)
+                if close:
+                    hints.append(f"did you mean {close[0]}?")
+            sub.print_usage(sys.stderr)
+            sub.error(f"unrecognized arguments: {' '.join(extras)}"
+                      + (f"; {' '.join(hints)}" if hints else ""))
+        return namespace, extras
+
+    def _chosen_subparser(self, namespace):
+        """The subcommand parser this command line chose, or None (no subcommands)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                name = getattr(namespace, action.dest, None) if action.dest else None
+                return action.choices.get(name)
+        return None
 
     def error(self, message: str):
         """Print ``PROG: error: MESSAGE (see PROG --help)`` as one line and exit with 2."""

@@ -262,6 +262,10 @@ def _train(args: argparse.Namespace) -> int:
     out = args.out or f"runs/mnist1d-{args.model}.safetensors"
     check_writable_file(out)
     ranks, inside = _ranks(args)
+    if args.hidden is not None and args.model == "linear" and not inside:
+        # said once, by the launching process; the run goes on (the width has nothing to set)
+        print("linearkit train: --hidden is ignored for --model linear (logistic regression "
+              "has no hidden layer)", file=sys.stderr)
     data = mnist1d()
     rows = len(data.x_train)
     if args.batch_size > rows:
@@ -694,8 +698,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train an MNIST-1D baseline of Greydanus (2020) and save its weights.")
     train.add_argument("--model", choices=["mlp", "linear"], default="mlp",
                        help="the residual MLP or logistic regression")
-    train.add_argument("--hidden", type=int_at_least(1), default=100,
-                       help="hidden width of the MLP")
+    # default None, not 100: _train must tell an explicit --hidden (ignored by --model
+    # linear) from the default; the recipe builds 100 wide when it is None
+    train.add_argument("--hidden", type=int_at_least(1), default=None,
+                       help="hidden width of the MLP (default: 100)")
     train.add_argument("--steps", type=int_at_least(1), default=6000, help="optimizer steps")
     train.add_argument("--lr", type=positive_float, default=1e-2, help="Adam learning rate")
     train.add_argument("--batch-size", type=int_at_least(1), default=100,
@@ -769,7 +775,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "inputs (its report is printed): --fold, then --merge, then --rank/--energy, "
                     "then --prune (stored sparse), then --int8. Writes .safetensors. With --data "
                     "and --max-drop it searches for the smallest model within the budget; "
-                    "without --data a step changing the outputs by more than 10%% is refused "
+                    "without --data a step changing the outputs by more than 10% is refused "
                     "unless --force.")
     squeeze.add_argument("source", help="a linearkit .safetensors model file, an ONNX MLP, or "
                                         "a .pt/.pth state dict (with --arch)")
@@ -851,7 +857,7 @@ def build_parser() -> argparse.ArgumentParser:
         "sweep", help="throughput and latency of a Linear against batch size, or across widths",
         description="Time Linear(IN, OUT) forward (and with --backward forward+backward) at "
                     "batch sizes 1, 2, 4, ... --max-batch: latency (ms per call), throughput "
-                    "(samples/s) and the knee (the smallest batch reaching 90%% of the best "
+                    "(samples/s) and the knee (the smallest batch reaching 90% of the best "
                     "throughput). With --dims, time square layers Linear(d, d) of those widths "
                     "at one --batch instead (e.g. 250,256,1000,1024).")
     sweep.add_argument("--in-features", type=int_at_least(1), default=1024,

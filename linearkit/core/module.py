@@ -358,7 +358,17 @@ class Module:
         buffers (``num_batches_tracked``) are not; values round to nearest even. A gradient
         becomes the dtype a new one would have under the precision policy (float32 for 16-bit
         parameters by default).
+
+        ``to(None)`` raises TypeError. PyTorch's ``Module.to(None)`` is a no-op (its ``to`` also
+        takes a device, and None means "leave it"); linearkit's ``to`` takes only a dtype, so
+        None can only be a missing value (an unset option), and NumPy would read it as
+        float64. Raising keeps PyTorch's promise — None never changes the dtype — and says so.
         """
+        if dtype is None:
+            raise TypeError("Module.to(None): expected a storage dtype (float32, float64, "
+                            "float16 or bfloat16), got None; PyTorch treats None as 'leave the "
+                            "dtype', linearkit refuses it rather than guess (np.dtype(None) "
+                            "would be float64). Omit the call to keep the current dtype.")
         precision = _precision
         dtype = precision.storage_dtype(dtype)
         grad_dtype = precision.grad_dtype(dtype)
@@ -387,6 +397,31 @@ class Module:
                           f"range (±65504), now inf; bfloat16 keeps float32's range",
                           UserWarning, stacklevel=2)
         return self
+
+    # PyTorch's dtype shortcuts, each ``self.to(dtype)``: same in-place conversion, same
+    # precision policy (16-bit storage computes in float32), and returns self.
+    def double(self) -> Module:
+        """``to(np.float64)``: parameters and floating buffers stored and computed in float64
+        (shapes unchanged); returns self, as ``torch.nn.Module.double``."""
+        return self.to(np.float64)
+
+    def float(self) -> Module:
+        """``to(np.float32)``: parameters and floating buffers in float32 (shapes unchanged);
+        returns self, as ``torch.nn.Module.float``."""
+        return self.to(np.float32)
+
+    def half(self) -> Module:
+        """``to(np.float16)``: parameters and floating buffers stored in float16 (shapes
+        unchanged); returns self, as ``torch.nn.Module.half``. Unlike PyTorch on a CPU, the
+        arithmetic runs in float32 (``linearkit.precision``: 16-bit storage, float32 compute
+        and float32 ``.grad`` by default); values beyond ±65504 become inf, with a warning."""
+        return self.to(np.float16)
+
+    def bfloat16(self) -> Module:
+        """``to("bfloat16")``: parameters and floating buffers stored in bfloat16 (shapes
+        unchanged; needs ``ml_dtypes``); returns self, as ``torch.nn.Module.bfloat16``. The
+        arithmetic runs in float32 (``linearkit.precision``), with float32 ``.grad``."""
+        return self.to("bfloat16")
 
     # ------------------------------------------------------------------ state dict
     def state_dict(self, prefix: str = "", keep_vars: bool = False) -> OrderedDict[str, object]:

@@ -41,6 +41,9 @@ class Parameter:
     dtype = property(lambda self: self.data.dtype, doc="dtype of ``data``.")
     ndim = property(lambda self: self.data.ndim, doc="Number of dimensions of ``data``.")
     size = property(lambda self: self.data.size, doc="Number of elements of ``data``.")
+    # ``x @ layer.weight.T`` as in PyTorch: weight is (out, in), so x (N, in) -> (N, out)
+    T = property(lambda self: self.data.T,
+                 doc="``data.T``, a view (no copy): shape reversed, e.g. (out, in) -> (in, out).")
 
     def numel(self) -> int:
         """Number of elements, as ``torch.Tensor.numel``."""
@@ -130,8 +133,13 @@ class Parameter:
         self._zeroed = self.grad
 
     def __array__(self, dtype=None, copy=None):
-        if dtype is None or dtype == self.data.dtype:
+        """``np.asarray(p)``: ``data`` itself (same shape), cast when ``dtype`` differs. NumPy 2
+        passes ``copy``: True copies; False refuses (ValueError) when a cast would need one."""
+        if dtype is None or np.dtype(dtype) == self.data.dtype:
             return self.data.copy() if copy else self.data
+        if copy is False:
+            raise ValueError(f"np.asarray(Parameter, dtype={np.dtype(dtype)}, copy=False): "
+                             f"data is {self.data.dtype}, so a copy is needed")
         return self.data.astype(dtype)
 
     def __repr__(self) -> str:
