@@ -17,7 +17,8 @@ its group and the key, and leave the optimizer as it was.
 The files: ``optimizer.py`` (the base: groups, state, zero_grad, state dicts), ``loading.py``
 (what ``load_state_dict`` checks), ``sgd.py``, ``adam.py`` (Adam, AdamW and ``adam_step``, the
 update as a function on arrays), ``flat.py`` (a group's state in one contiguous buffer, for a
-one-pass update), ``clip.py`` (``clip_grad_norm_``, ``clip_grad_value_``).
+one-pass update), ``clip.py`` (``clip_grad_norm_``, ``clip_grad_value_``), ``lr_scheduler.py``
+(learning-rate schedulers with PyTorch's semantics, e.g. ``lr_scheduler.OneCycleLR``).
 
 Examples
 --------
@@ -46,7 +47,7 @@ __all__ = ["SGD", "Adam", "AdamW", "Optimizer", "clip_grad_norm_", "clip_grad_va
 # files cost about a millisecond to import), `linearkit.optim.Adam` for what Adam needs.
 _HOME = {"SGD": "sgd", "Adam": "adam", "AdamW": "adam", "Optimizer": "optimizer",
          "clip_grad_norm_": "clip", "clip_grad_value_": "clip"}
-_FILES = ("adam", "clip", "flat", "loading", "optimizer", "sgd")
+_FILES = ("adam", "clip", "flat", "loading", "lr_scheduler", "optimizer", "sgd")
 
 
 def __getattr__(name: str):
