@@ -1,4 +1,5 @@
-"""Losses: MSELoss, L1Loss, CrossEntropyLoss, BCEWithLogitsLoss — PyTorch's semantics.
+"""Losses with PyTorch's semantics: MSELoss, L1Loss, SmoothL1Loss, HuberLoss, CrossEntropyLoss,
+NLLLoss, BCELoss, BCEWithLogitsLoss, KLDivLoss.
 
 Each loss is a Module with ``forward(pred, target) -> loss`` and
 ``vjp(pred, target) -> (loss, backward)``; ``backward(dy=None)`` returns ``dL/dpred`` (``dy``
@@ -10,10 +11,11 @@ Conventions shared by every loss:
   (an array of per-element losses for ``'none'``) in ``pred``'s dtype; float32 stays float32.
 * ``target`` is cast to ``pred``'s dtype where it holds values (MSE, L1, BCE, CE probabilities).
 * Deliberate departures from PyTorch, each raising a clear error instead of a silent result:
-  a ``'mean'`` over zero elements (an empty batch, or — for CrossEntropyLoss — a batch whose
-  targets are all ``ignore_index`` or carry zero total weight) raises ``ValueError`` where
-  PyTorch returns NaN; MSELoss/L1Loss/BCEWithLogitsLoss need ``target.shape == pred.shape``
-  where PyTorch broadcasts (with a warning) and usually computes the wrong thing.
+  a ``'mean'`` (or KLDivLoss's ``'batchmean'``) over zero elements (an empty batch, or — for
+  CrossEntropyLoss/NLLLoss — a batch whose targets are all ``ignore_index`` or carry zero total
+  weight) raises ``ValueError`` where PyTorch returns NaN; the elementwise losses (MSE, L1,
+  SmoothL1, Huber, BCE, BCEWithLogits, KLDiv) need ``target.shape == pred.shape`` where PyTorch
+  broadcasts (with a warning) and usually computes the wrong thing.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from .backend import fast
 from .core.module import Module
 from .errors import DTypeError, Located, ShapeError
 
-__all__ = ["BCEWithLogitsLoss", "CrossEntropyLoss", "L1Loss", "MSELoss"]
+__all__ = ["BCELoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "HuberLoss", "KLDivLoss", "L1Loss",
+           "MSELoss", "NLLLoss", "SmoothL1Loss"]
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -381,7 +384,7 @@ class CrossEntropyLoss(_Loss):
             hint = "the labels look 1-based: pass target - 1"
         elif values.min() < 0:
             hint = (f"negative labels are not classes; if they mark padding, set "
-                    f"ignore_index to that value, e.g. CrossEntropyLoss(ignore_index="
+                    f"ignore_index to that value, e.g. {type(self).__name__}(ignore_index="
                     f"{int(values.min())})")
         else:
             hint = f"does the model's last layer have out_features={int(t.max()) + 1}?"
@@ -555,4 +558,332 @@ class CrossEntropyLoss(_Loss):
             parts.append(f"reduction='{self.reduction}'")
         if self.label_smoothing:
             parts.append(f"label_smoothing={self.label_smoothing}")
+        return ", ".join(parts)
+
+
+# ------------------------------------------------------------------------ more elementwise losses
+class SmoothL1Loss(_Elementwise):
+    """Smooth L1: ``0.5 d² / beta`` where ``|d| < beta``, else ``|d| - 0.5 beta`` (``d = pred -
+    target``); ``beta=0`` is exactly L1Loss, as in PyTorch. Its gradient is ``clip(d / beta, -1,
+    1)`` (``sign(d)`` for ``beta=0``).
+
+    Shape: pred ``(*)``, target ``(*)`` (same shape; cast to pred's dtype) -> loss ``()`` or
+    ``(*)`` for ``'none'``.
+    """
+
+    def __init__(self, reduction: str = "mean", beta: float = 1.0):
+        super().__init__(reduction)
+        beta = float(beta)
+        if not beta >= 0:
+            raise ValueError(f"SmoothL1Loss: beta must be >= 0 (PyTorch refuses negative "
+                             f"values), got {beta}")
+        self.beta = beta
+
+    def _run(self, pred, target):
+        x = self._pred(pred)
+        d = np.asarray(x - self._same_shape_target(x, target))
+        a = np.abs(d)
+        beta = self.beta
+        if beta == 0:
+            elementwise = a
+        else:
+            elementwise = np.where(a < beta, (0.5 / beta) * d * d, a - 0.5 * beta).astype(
+                x.dtype, copy=False)
+        loss, n = self._reduce(elementwise, x.dtype)
+
+        def backward(dy=None):
+            r = self._scale(dy, n)
+            g = np.sign(d) if beta == 0 else np.clip(d / beta, -1, 1)
+            return np.asarray(g * r, dtype=x.dtype)
+
+        return loss, backward
+
+    def extra_repr(self) -> str:
+        parts = [super().extra_repr()] if self.reduction != "mean" else []
+        if self.beta != 1.0:
+            parts.append(f"beta={self.beta}")
+        return ", ".join(parts)
+
+
+class HuberLoss(_Elementwise):
+    """Huber: ``0.5 d²`` where ``|d| < delta``, else ``delta (|d| - 0.5 delta)`` (``d = pred -
+    target``); equals ``delta * SmoothL1Loss(beta=delta)``. Its gradient is ``clip(d, -delta,
+    delta)``.
+
+    Shape: pred ``(*)``, target ``(*)`` (same shape; cast to pred's dtype) -> loss ``()`` or
+    ``(*)`` for ``'none'``.
+    """
+
+    def __init__(self, reduction: str = "mean", delta: float = 1.0):
+        super().__init__(reduction)
+        delta = float(delta)
+        if not delta > 0:
+            raise ValueError(f"HuberLoss: delta must be > 0 (PyTorch refuses non-positive "
+                             f"values), got {delta}")
+        self.delta = delta
+
+    def _run(self, pred, target):
+        x = self._pred(pred)
+        d = np.asarray(x - self._same_shape_target(x, target))
+        a = np.abs(d)
+        delta = self.delta
+        elementwise = np.where(a < delta, 0.5 * d * d, delta * (a - 0.5 * delta)).astype(
+            x.dtype, copy=False)
+        loss, n = self._reduce(elementwise, x.dtype)
+
+        def backward(dy=None):
+            r = self._scale(dy, n)
+            return np.asarray(np.clip(d, -delta, delta) * r, dtype=x.dtype)
+
+        return loss, backward
+
+    def extra_repr(self) -> str:
+        parts = [super().extra_repr()] if self.reduction != "mean" else []
+        if self.delta != 1.0:
+            parts.append(f"delta={self.delta}")
+        return ", ".join(parts)
+
+
+class BCELoss(_Elementwise):
+    """Binary cross-entropy on probabilities: ``-w [y log x + (1 - y) log(1 - x)]``.
+
+    As in PyTorch, each log is clamped at -100 (so ``x = 0`` or ``1`` gives a finite loss), and
+    the gradient ``w (x - y) / max(x (1 - x), 1e-12)`` is finite too. Use BCEWithLogitsLoss on
+    logits instead where you can: it is exact for any logit.
+
+    Parameters
+    ----------
+    weight : array, optional
+        Rescales each element's loss; broadcast against pred (e.g. ``(C,)`` or ``(N, 1)``).
+    reduction : 'mean' (over all elements) | 'sum' | 'none'
+
+    Shape: pred ``(*)`` probabilities in [0, 1], target ``(*)`` in [0, 1] (same shape; bool/int
+    0-1 labels are cast to pred's dtype) -> loss ``()`` or ``(*)`` for ``'none'``.
+    """
+
+    # PyTorch's floor on x (1 - x) in the gradient's denominator: a C++ float constant, so
+    # float64 sees 1e-12 rounded to float32 (9.99999996e-13).
+    EPSILON = float(np.float32(1e-12))
+
+    def __init__(self, weight=None, reduction: str = "mean"):
+        super().__init__(reduction)
+        self.register_buffer("weight", _optional_array("BCELoss weight", weight))
+
+    _broadcast = BCEWithLogitsLoss._broadcast
+
+    def _run(self, pred, target):
+        x = self._pred(pred)
+        y = self._same_shape_target(x, target)
+        w = self._broadcast("weight", self.weight, x)
+        # Out-of-range probabilities (and NaN) are an error in PyTorch as well.
+        if x.size and not ((x >= 0) & (x <= 1)).all():
+            raise _LossValueError(
+                "all elements of pred must be probabilities in [0, 1] (PyTorch raises too)",
+                module=self, hint="apply a sigmoid first, or pass the logits to "
+                                  "BCEWithLogitsLoss (more accurate)")
+        with np.errstate(divide="ignore"):                # log(0) = -inf, clamped below
+            log_x = np.maximum(np.log(x), -100)
+            log_1mx = np.maximum(np.log1p(-x), -100)
+        elementwise = np.asarray((y - 1) * log_1mx - y * log_x)
+        if w is not None:
+            elementwise = elementwise * w
+        loss, n = self._reduce(elementwise, x.dtype)
+
+        def backward(dy=None):
+            r = self._scale(dy, n)
+            g = (x - y) / np.maximum((1 - x) * x, x.dtype.type(self.EPSILON))
+            if w is not None:
+                g *= w
+            return np.asarray(g * r, dtype=x.dtype)
+
+        return loss, backward
+
+
+class KLDivLoss(_Elementwise):
+    """Kullback–Leibler divergence ``target (log target - pred)``, pred holding log-probabilities.
+
+    With ``log_target=True`` the target holds log-probabilities too: ``exp(target) (target -
+    pred)``. A zero target contributes 0 (``0 log 0 = 0``, as PyTorch's ``xlogy``).
+
+    Parameters
+    ----------
+    reduction : 'mean' | 'batchmean' | 'sum' | 'none'
+        ``'mean'`` divides the sum by the number of elements (PyTorch's, which warns that it is
+        not the KL divergence); ``'batchmean'`` divides by the batch size ``pred.shape[0]`` (by 1
+        for a 0-d pred), the KL divergence per sample.
+    log_target : bool
+
+    Shape: pred ``(*)`` log-probabilities, target ``(*)`` (same shape; cast to pred's dtype) ->
+    loss ``()`` or ``(*)`` for ``'none'``. The gradient is ``-target`` (``-exp(target)``).
+    """
+
+    def __init__(self, reduction: str = "mean", log_target: bool = False):
+        if reduction not in _REDUCTIONS + ("batchmean",):
+            raise ValueError(f"KLDivLoss: reduction must be 'mean', 'batchmean', 'sum' or "
+                             f"'none', got {reduction!r}")
+        batchmean = reduction == "batchmean"
+        super().__init__("sum" if batchmean else reduction)
+        self.reduction = reduction
+        self.batchmean = batchmean
+        self.log_target = bool(log_target)
+
+    def _run(self, pred, target):
+        x = self._pred(pred)
+        t = self._same_shape_target(x, target)
+        if self.log_target:
+            p = np.exp(t)
+            elementwise = p * (t - x)
+        else:
+            p = t
+            with np.errstate(divide="ignore", invalid="ignore"):
+                # xlogy(t, t): 0 where t == 0; NaN for a negative target, as in PyTorch.
+                xlogx = np.where(t == 0, 0, t * np.log(np.where(t == 0, 1, t)))
+            elementwise = xlogx - t * x
+        elementwise = np.asarray(elementwise, dtype=x.dtype)
+        if not self.batchmean:
+            loss, n = self._reduce(elementwise, x.dtype)
+            scale = lambda dy: self._scale(dy, n)          # what backward applies
+        else:
+            batch = x.shape[0] if x.ndim else 1
+            if batch == 0:
+                raise self._empty_mean("an empty batch (0 samples), with 'batchmean'")
+            loss = np.asarray(elementwise.sum() / batch, dtype=x.dtype)
+            scale = lambda dy: (1.0 if dy is None else dy) / batch
+
+        def backward(dy=None):
+            return np.asarray(-p * scale(dy), dtype=x.dtype)
+
+        return loss, backward
+
+    def extra_repr(self) -> str:
+        parts = [super().extra_repr()] if self.reduction != "mean" else []
+        if self.log_target:
+            parts.append("log_target=True")
+        return ", ".join(parts)
+
+
+# ------------------------------------------------------------------------ NLLLoss
+class NLLLoss(_Loss):
+    """Negative log-likelihood of class indices: ``-weight[t] pred[t]``, pred holding
+    log-probabilities (e.g. a log-softmax's output); CrossEntropyLoss is log-softmax then this.
+
+    Parameters
+    ----------
+    weight : array ``(C,)``, optional
+        Per-class rescaling. ``'mean'`` divides by the sum of the targets' weights
+        (``Σ weight[target]`` over non-ignored entries), exactly as PyTorch.
+    ignore_index : int
+        Targets equal to it contribute neither loss nor gradient, nor to the mean's denominator
+        (default -100).
+    reduction : 'mean' | 'sum' | 'none'
+
+    Shape
+    -----
+    pred ``(N, C)`` or ``(N, C, d1, …)`` log-probabilities, or ``(C,)`` for one unbatched
+    sample; target integer class indices ``(N,)`` / ``(N, d1, …)`` / ``()`` in ``[0, C)``.
+    loss: ``()``, or ``(N, d1, …)`` for ``'none'``.
+    """
+
+    def __init__(self, weight=None, ignore_index: int = -100, reduction: str = "mean"):
+        super().__init__(reduction)
+        weight = _optional_array("NLLLoss weight", weight)
+        if weight is not None and weight.ndim != 1:
+            raise ValueError(f"NLLLoss: weight must be 1-D (one entry per class), got "
+                             f"shape {weight.shape}")
+        self.register_buffer("weight", weight)
+        if isinstance(ignore_index, bool) or not isinstance(ignore_index, (int, np.integer)):
+            raise TypeError(f"NLLLoss: ignore_index must be an int, got {ignore_index!r}")
+        self.ignore_index = int(ignore_index)
+
+    # The same class-index bookkeeping as CrossEntropyLoss's.
+    mean_weights = CrossEntropyLoss.mean_weights
+    _check_range = CrossEntropyLoss._check_range
+
+    def _run(self, pred, target):
+        x = self._pred(pred)
+        if x.ndim == 0:
+            raise ShapeError("pred must have a class dimension: (N, C), (N, C, d1, ...) or (C,),"
+                             " got a 0-d array", module=self)
+        target = np.asarray(target)
+        dtype = x.dtype
+        c = x.shape[1] if x.ndim >= 2 else x.shape[0]
+        index_shape = x.shape[:1] + x.shape[2:] if x.ndim >= 2 else ()
+        if target.dtype.kind not in "iu":
+            raise DTypeError(
+                f"target must hold integer class indices (shape {index_shape}), got dtype "
+                f"{target.dtype}", module=self, hint="cast the class indices: "
+                "target.astype(np.int64); for class probabilities use KLDivLoss or "
+                "CrossEntropyLoss")
+        if target.shape != index_shape:
+            hint = None
+            if target.shape == index_shape + (1,):
+                hint = "drop the trailing 1: target.squeeze(-1)"
+            elif x.ndim == 1:
+                hint = ("a 1-D pred is read as ONE unbatched sample of C log-probabilities "
+                        "(target shape ()); for a batch pass (N, C)")
+            elif x.ndim >= 3 and target.shape == x.shape[:-1]:
+                hint = ("the class dimension must be dim 1, as in PyTorch: pass "
+                        "np.moveaxis(pred, -1, 1)")
+            raise ShapeError(f"target shape {target.shape} must be pred's shape without the "
+                             f"class dimension (dim 1), {index_shape}, for pred of shape "
+                             f"{x.shape}", module=self, hint=hint)
+        w = self.weight
+        if w is not None:
+            if w.shape != (c,):
+                raise ShapeError(f"weight has shape {w.shape} but pred has C={c} classes",
+                                 module=self, hint=f"pass one weight per class, shape ({c},)")
+            w = w.astype(dtype, copy=False)
+
+        # Classes on the last axis, one row per loss element: x2 (M, C).
+        if x.ndim == 1:
+            x2 = x[None]
+        elif x.ndim == 2:
+            x2 = x
+        else:
+            x2 = np.moveaxis(x, 1, -1).reshape(-1, c)
+        m = x2.shape[0]
+        if m == 0 and self.reduction == "mean":
+            raise self._empty_mean()
+        t = target.reshape(-1).astype(np.intp)
+        keep = t != self.ignore_index
+        if m:
+            self._check_range(t, keep, c)
+        t = np.where(keep, t, 0)                           # a safe index for ignored rows
+        # Each row's weight: weight[t] (1 without weight), 0 where ignored.
+        wt = keep.astype(dtype) if w is None else w[t] * keep
+        arange = np.arange(m)
+        rows = -(x2[arange, t] * wt)
+        denom = wt.sum()
+        if self.reduction == "mean" and denom == 0:
+            raise self._empty_mean("targets whose total weight is 0 (every target is "
+                                   "ignore_index, or has class weight 0)")
+        if self.reduction == "none":
+            loss = np.asarray(rows.reshape(index_shape), dtype=dtype)
+        else:
+            total = rows.sum()
+            loss = np.asarray(total / denom if self.reduction == "mean" else total, dtype=dtype)
+
+        def backward(dy=None):
+            r = self._scale(dy, denom)
+            if self.reduction == "none":
+                r = np.asarray(r).reshape(m)
+            dx = np.zeros_like(x2)
+            dx[arange, t] = -wt * r                        # only the target entry has a slope
+            if x.ndim == 1:
+                return dx.reshape(c)
+            if x.ndim == 2:
+                return dx
+            moved = dx.reshape(x.shape[:1] + x.shape[2:] + (c,))
+            return np.ascontiguousarray(np.moveaxis(moved, -1, 1))
+
+        return loss, backward
+
+    def extra_repr(self) -> str:
+        parts = []
+        if self.weight is not None:
+            parts.append(f"weight=<{self.weight.shape[0]} classes>")
+        if self.ignore_index != -100:
+            parts.append(f"ignore_index={self.ignore_index}")
+        if self.reduction != "mean":
+            parts.append(f"reduction='{self.reduction}'")
         return ", ".join(parts)
