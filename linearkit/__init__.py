@@ -26,6 +26,8 @@ from .layers import (
     Linear,
     LogSoftmax,
     LoRALinear,
+    ModuleDict,
+    ModuleList,
     QuantizedLinear,
     QuantizedTrainingError,
     ReLU,
@@ -37,13 +39,28 @@ from .layers import (
     SparseLinear,
     Tanh,
 )
-from .losses import BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, MSELoss
+from .losses import (
+    BCELoss,
+    BCEWithLogitsLoss,
+    CrossEntropyLoss,
+    HuberLoss,
+    KLDivLoss,
+    L1Loss,
+    MSELoss,
+    NLLLoss,
+    SmoothL1Loss,
+)
 from .training import loop
 from .training.checkpointing import Checkpoint, checkpoint, checkpoint_sequential
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "SmoothL1Loss",
+    "NLLLoss",
+    "KLDivLoss",
+    "HuberLoss",
+    "BCELoss",
     "GELU",
     "AnomalyError",
     "BCEWithLogitsLoss",
@@ -65,6 +82,8 @@ __all__ = [
     "LogSoftmax",
     "MSELoss",
     "Module",
+    "ModuleDict",
+    "ModuleList",
     "Parameter",
     "QuantizedLinear",
     "QuantizedTrainingError",

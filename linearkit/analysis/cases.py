@@ -40,13 +40,16 @@ class ModuleCase:
 
 @dataclass(frozen=True)
 class LossCase:
-    """``make() -> loss module``; ``ref(nn)``; ``shape`` of the prediction; ``target(rng)``."""
+    """``make() -> loss module``; ``ref(nn)``; ``shape`` of the prediction; ``target(rng)``;
+    ``pred(rng)``, where the loss takes predictions in a range (BCELoss: probabilities), else
+    standard-normal ones."""
 
     id: str
     make: Callable
     ref: Callable
     shape: tuple
     target: Callable
+    pred: Callable | None = None
 
 
 def _lin(i, o, bias=True):
@@ -167,6 +170,16 @@ LOSS_CASES = [
              lambda nn: nn.CrossEntropyLoss(label_smoothing=0.1), (6, 4), _labels(4, (6,))),
     LossCase("BCEWithLogitsLoss", lambda: losses.BCEWithLogitsLoss(),
              lambda nn: nn.BCEWithLogitsLoss(), (5, 3), _probabilities((5, 3))),
+    LossCase("NLLLoss", lambda: losses.NLLLoss(), lambda nn: nn.NLLLoss(), (6, 4),
+             _labels(4, (6,))),
+    LossCase("BCELoss", lambda: losses.BCELoss(), lambda nn: nn.BCELoss(), (5, 3),
+             _probabilities((5, 3)), pred=lambda rng: rng.uniform(0.05, 0.95, (5, 3))),
+    LossCase("SmoothL1Loss", lambda: losses.SmoothL1Loss(beta=0.5),
+             lambda nn: nn.SmoothL1Loss(beta=0.5), (5, 3), _reals((5, 3))),
+    LossCase("HuberLoss", lambda: losses.HuberLoss(delta=0.5),
+             lambda nn: nn.HuberLoss(delta=0.5), (5, 3), _reals((5, 3))),
+    LossCase("KLDivLoss", lambda: losses.KLDivLoss(reduction="batchmean"),
+             lambda nn: nn.KLDivLoss(reduction="batchmean"), (5, 3), _probabilities((5, 3))),
 ]
 
 

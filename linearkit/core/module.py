@@ -99,6 +99,20 @@ def _overflowed(before: np.ndarray, after: np.ndarray) -> bool:
         return bool(np.any(np.isinf(after) & np.isfinite(before)))
 
 
+def _refuse_held_modules(name: str, value) -> None:
+    """TypeError when ``value`` (a list, tuple or dict assigned as attribute ``name``) holds a
+    Module: PyTorch silently leaves such modules unregistered (no parameters(), no state_dict,
+    no train/eval), which here is an error naming the container to use instead."""
+    items = value.values() if isinstance(value, dict) else value
+    if not any(isinstance(item, Module) for item in items):
+        return      # empty, or no modules (sizes, names, arrays): an ordinary attribute
+    kind = type(value).__name__
+    fix = "lk.ModuleDict({...})" if isinstance(value, dict) else "lk.ModuleList([...])"
+    raise TypeError(f"'{name}' is a {kind} holding Module(s): its parameters would not be "
+                    f"registered (parameters(), state_dict(), optimizers and train()/eval() "
+                    f"would not see them); use {fix}")
+
+
 @_closures.opaque     # a closure walk (the ledger, detect_anomaly) stops at a module
 class Module:
     """Base class of every layer, container and loss.
@@ -127,6 +141,8 @@ class Module:
         # holds is no change (``self.num_batches_tracked += 1``: an in-place add, then this)
         if self.__dict__.get(name, _ABSENT) is not value:
             _structure.changed()
+        if isinstance(value, (list, tuple, dict)) and not isinstance(value, Module):
+            _refuse_held_modules(name, value)
         params = self.__dict__.get("_parameters")
         if params is None and isinstance(value, (Parameter, Module)):
             raise AttributeError(

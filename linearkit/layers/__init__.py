@@ -1,7 +1,7 @@
 """Layers: one file per family. Each layer is parameters plus a call into ``functional``."""
 
 from .activation import GELU, LeakyReLU, LogSoftmax, ReLU, Sigmoid, SiLU, Softmax, Tanh
-from .container import Residual, Sequential
+from .container import ModuleDict, ModuleList, Residual, Sequential
 from .dropout import Dropout
 from .flatten import Flatten
 from .linear import Identity, LazyLinear, Linear
@@ -22,6 +22,8 @@ __all__ = [
     "Linear",
     "LoRALinear",
     "LogSoftmax",
+    "ModuleDict",
+    "ModuleList",
     "QuantizedLinear",
     "QuantizedTrainingError",
     "ReLU",

@@ -22,6 +22,8 @@ from ..layers import (
     LeakyReLU,
     Linear,
     LogSoftmax,
+    ModuleDict,
+    ModuleList,
     ReLU,
     Residual,
     Sequential,
@@ -238,6 +240,22 @@ RESIDUAL = LayerRule(
     saved=_nothing)
 
 
+def _compose_held(m, x, need_dx, visit):
+    # A ModuleList/ModuleDict is never called: its children are walked for their rows and
+    # parameters only (no input shape); given one, say what its parent must do instead.
+    for name, child in m.named_children():
+        visit(child, name, None, need_dx)
+    if x is not None:
+        raise TypeError(f"{type(m).__name__} has no forward (its parent calls its children), so "
+                        "the ledger cannot run it on an input shape; pass the module that holds "
+                        "it, or call ledger without an input shape")
+    return None
+
+
+#: ModuleList / ModuleDict: held children, no arithmetic of their own.
+HELD = LayerRule(kind="container", compose=_compose_held, cost=_zero, saved=_nothing)
+
+
 def register_builtin_rules() -> None:
     """Register the rule of every shipped layer (done once, when ``linearkit.rules`` loads),
     each with how a model file rebuilds it (``rebuild.BUILTIN_REBUILDS``), how ONNX export
@@ -245,9 +263,10 @@ def register_builtin_rules() -> None:
     PyTorch twin (``torch_rules.BUILTIN_TORCH``)."""
     rules = [(Linear, LINEAR), (LazyLinear, LAZY_LINEAR), (Identity, IDENTITY),
              (Flatten, FLATTEN), (Dropout, DROPOUT), (LayerNorm, LAYER_NORM),
-             (BatchNorm1d, BATCH_NORM), (Sequential, SEQUENTIAL), (Residual, RESIDUAL)]
+             (BatchNorm1d, BATCH_NORM), (Sequential, SEQUENTIAL), (Residual, RESIDUAL),
+             (ModuleList, HELD), (ModuleDict, HELD)]
     rules += [(cls, _activation(cls)) for cls in ACTIVATIONS]
     for layer_type, rule in rules:
         register_rule(layer_type, replace(rule, rebuild=BUILTIN_REBUILDS[layer_type],
                                           onnx=BUILTIN_ONNX.get(layer_type),
-                                          torch=BUILTIN_TORCH[layer_type]))
+                                          torch=BUILTIN_TORCH.get(layer_type)))

@@ -26,6 +26,8 @@ from ..layers import (
     Linear,
     LogSoftmax,
     ReLU,
+    ModuleDict,
+    ModuleList,
     Residual,
     Sequential,
     Sigmoid,
@@ -93,6 +95,10 @@ def _residual(cls, args, children):
     return cls(children["module"])
 
 
+def _module_list(cls, args, children):
+    return cls(list(OrderedDict(children).values()))  # renumbered 0..n, as the names were
+
+
 BUILTIN_REBUILDS = {
     Linear: Rebuild(_linear),
     LazyLinear: Rebuild(_lazy),
@@ -111,4 +117,6 @@ BUILTIN_REBUILDS = {
     Flatten: Rebuild(lambda m: {"start_dim": m.start_dim, "end_dim": m.end_dim}),
     Sequential: Rebuild(_none, _sequential),
     Residual: Rebuild(_none, _residual),
+    ModuleList: Rebuild(_none, _module_list),
+    ModuleDict: Rebuild(_none, _sequential),  # cls(OrderedDict of the named children)
 }

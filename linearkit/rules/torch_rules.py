@@ -7,6 +7,7 @@ attribute names), so one ``args(m, dtype)`` serves both directions. Decisions:
 
 * ``nn.ModuleList`` converts to a ``Sequential`` with the same child names (a list of layers
   means "apply them in order"; PyTorch cannot call a ModuleList itself), not back.
+  linearkit's ``ModuleList`` / ``ModuleDict`` have no twin: every twin must run forward.
 * ``Residual``'s twin is ``TorchResidual`` (``linearkit.io.torch``, built on first use): the
   ledger does not cost it as a Residual (it is a container row there, as any torch module with
   children and no twin).
