@@ -393,6 +393,26 @@ class CrossEntropyLoss(_Loss):
             f"(valid: 0..{num_classes - 1}, or ignore_index={self.ignore_index} to skip an "
             "entry)", module=self, hint=hint)
 
+    def _class_rows(self, x: np.ndarray, c: int, dtype):
+        """``(weight, x2)``: the class weights checked against ``c`` classes and cast to
+        ``dtype`` (None without weights), and ``x`` with its classes on the last axis, one row
+        per loss element, ``x2 (M, C)``; an empty batch under ``'mean'`` is an error."""
+        w = self.weight
+        if w is not None:
+            if w.shape != (c,):
+                raise ShapeError(f"weight has shape {w.shape} but pred has C={c} classes",
+                                 module=self, hint=f"pass one weight per class, shape ({c},)")
+            w = w.astype(dtype, copy=False)
+        if x.ndim == 1:
+            x2 = x[None]
+        elif x.ndim == 2:
+            x2 = x
+        else:
+            x2 = np.moveaxis(x, 1, -1).reshape(-1, c)
+        if x2.shape[0] == 0 and self.reduction == "mean":
+            raise self._empty_mean()
+        return w, x2
+
     # ------------------------------------------------------------------ forward / backward
     def _run(self, pred, target):
         x = self._pred(pred)
@@ -412,23 +432,8 @@ class CrossEntropyLoss(_Loss):
             raise self._target_error(x, target, index_shape)
         if c == 0:
             raise ShapeError(f"pred has 0 classes (shape {x.shape})", module=self)
-        w = self.weight
-        if w is not None:
-            if w.shape != (c,):
-                raise ShapeError(f"weight has shape {w.shape} but pred has C={c} classes",
-                                 module=self, hint=f"pass one weight per class, shape ({c},)")
-            w = w.astype(dtype, copy=False)
-
-        # Classes on the last axis, one row per loss element: x2 (M, C).
-        if x.ndim == 1:
-            x2 = x[None]
-        elif x.ndim == 2:
-            x2 = x
-        else:
-            x2 = np.moveaxis(x, 1, -1).reshape(-1, c)
+        w, x2 = self._class_rows(x, c, dtype)
         m = x2.shape[0]
-        if m == 0 and self.reduction == "mean":
-            raise self._empty_mean()
         eps = self.label_smoothing
         if not probabilities and w is None and not eps and self.reduction != "none":
             fused = self._fused(x, x2, target, c)
@@ -798,6 +803,7 @@ class NLLLoss(_Loss):
     # The same class-index bookkeeping as CrossEntropyLoss's.
     mean_weights = CrossEntropyLoss.mean_weights
     _check_range = CrossEntropyLoss._check_range
+    _class_rows = CrossEntropyLoss._class_rows
 
     def _run(self, pred, target):
         x = self._pred(pred)
@@ -827,23 +833,8 @@ class NLLLoss(_Loss):
             raise ShapeError(f"target shape {target.shape} must be pred's shape without the "
                              f"class dimension (dim 1), {index_shape}, for pred of shape "
                              f"{x.shape}", module=self, hint=hint)
-        w = self.weight
-        if w is not None:
-            if w.shape != (c,):
-                raise ShapeError(f"weight has shape {w.shape} but pred has C={c} classes",
-                                 module=self, hint=f"pass one weight per class, shape ({c},)")
-            w = w.astype(dtype, copy=False)
-
-        # Classes on the last axis, one row per loss element: x2 (M, C).
-        if x.ndim == 1:
-            x2 = x[None]
-        elif x.ndim == 2:
-            x2 = x
-        else:
-            x2 = np.moveaxis(x, 1, -1).reshape(-1, c)
+        w, x2 = self._class_rows(x, c, dtype)
         m = x2.shape[0]
-        if m == 0 and self.reduction == "mean":
-            raise self._empty_mean()
         t = target.reshape(-1).astype(np.intp)
         keep = t != self.ignore_index
         if m:

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import precision
 from ..core.module import Module
-from ..rules import is_lazy
+from ..rules import first_input
 
 __all__ = ["VerifyReport", "verify"]
 
@@ -100,34 +100,12 @@ def _as_array(y) -> np.ndarray:
     return np.asarray(y)
 
 
-def _first_input(model: Module) -> tuple[str, Module | None, tuple | None]:
-    """``(path, layer, width)``: the first module, in registration order, that says what input
-    it takes, and that feature shape — a Linear's ``(in_features,)``, a norm's normalized shape
-    or channel count; width None when an unmaterialized lazy layer comes first (the input's
-    width is what it has yet to learn), ``('', None, None)`` when no module tells. The same
-    reading as the transforms' random probes (``transforms.transform_report.first_input``;
-    io and transforms do not import each other)."""
-    for path, m in model.named_modules():
-        if is_lazy(m):
-            return path, m, None
-        n_in = getattr(m, "in_features", None)
-        if isinstance(n_in, int):
-            return path, m, (n_in,)
-        shape = getattr(m, "normalized_shape", None)
-        if shape is not None:
-            return path, m, tuple(shape)
-        c = getattr(m, "num_features", None)
-        if isinstance(c, int):
-            return path, m, (c,)
-    return "", None, None
-
-
 def _default_shape(model) -> tuple:
-    """``(PROBE_ROWS, *in)`` for a model whose input width its layers tell (``_first_input``);
+    """``(PROBE_ROWS, *in)`` for a model whose input width its layers tell (``rules.first_input``);
     a ValueError asking for a probe otherwise — an unmaterialized LazyLinear first among them
     named by its path."""
     module = isinstance(model, Module)
-    path, layer, width = _first_input(model) if module else ("", None, None)
+    path, layer, width = first_input(model) if module else ("", None, None)
     if width is not None:
         return (PROBE_ROWS, *width)
     if layer is not None:  # a lazy layer comes first: its width is the input's, still unknown

@@ -34,6 +34,7 @@ rule that leaves them None replaces its rule. The built-in rules are in
 
 from . import cost_rules as costs  # the public name: linearkit.rules.costs
 from .builtin import register_builtin_rules
+from .input_width import first_input
 from .rebuild import Rebuild
 from .registry import (
     LayerRule,
@@ -54,6 +55,6 @@ from .torch_twin import TorchTwin
 register_builtin_rules()
 register_surgery_rules()
 
-__all__ = ["LayerRule", "Rebuild", "RuleHandle", "TorchTwin", "costs", "is_lazy", "own_rule",
-           "register_rule", "registered_types", "rule_for", "torch_twin_of", "torch_twins",
-           "transforms_for", "transposable_keys"]
+__all__ = ["LayerRule", "Rebuild", "RuleHandle", "TorchTwin", "costs", "first_input", "is_lazy",
+           "own_rule", "register_rule", "registered_types", "rule_for", "torch_twin_of",
+           "torch_twins", "transforms_for", "transposable_keys"]

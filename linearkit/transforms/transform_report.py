@@ -31,7 +31,7 @@ from ..analysis.ledger.report import human_bytes
 from ..core import hooks as _hooks
 from ..core.module import Module
 from ..errors import ShapeError
-from ..rules import is_lazy
+from ..rules import first_input
 
 __all__ = ["TransformReport", "compare_models", "evaluating", "hooks_off", "probe_inputs",
            "state_size", "unhooked"]
@@ -100,28 +100,6 @@ def evaluating(*models: Module):
     finally:
         for m, mode in saved:
             m.training = mode
-
-
-def first_input(model: Module) -> tuple[str, Module | None, tuple | None]:
-    """``(path, layer, width)``: the first module, in registration order, that says what input
-    it takes, and that feature shape — a Linear's ``(in_features,)``, a norm's normalized
-    shape or channel count. An unmaterialized lazy layer met first ends the search with width
-    None (the input's width is what it has yet to learn; a later layer's would be a guess);
-    ``('', None, None)`` when no module tells.
-    """
-    for path, m in model.named_modules():
-        if is_lazy(m):
-            return path, m, None
-        n_in = getattr(m, "in_features", None)
-        if isinstance(n_in, int):
-            return path, m, (n_in,)
-        shape = getattr(m, "normalized_shape", None)
-        if shape is not None:
-            return path, m, tuple(shape)
-        c = getattr(m, "num_features", None)
-        if isinstance(c, int):
-            return path, m, (c,)
-    return "", None, None
 
 
 def hooked(*models: Module) -> bool:
