@@ -261,6 +261,10 @@ def _train(args: argparse.Namespace) -> int:
     _need_cli_extra("train")
     out = args.out or f"runs/mnist1d-{args.model}.safetensors"
     check_writable_file(out)
+    if args.warmup is not None and args.warmup >= args.steps:
+        raise UsageError(f"argument --warmup: {args.warmup} warm-up steps leave none of the "
+                         f"{args.steps:,} steps for the schedule; use --warmup "
+                         f"{args.steps - 1} or less, or raise --steps")
     ranks, inside = _ranks(args)
     if args.hidden is not None and args.model == "linear" and not inside:
         # said once, by the launching process; the run goes on (the width has nothing to set)
@@ -315,7 +319,8 @@ def _train(args: argparse.Namespace) -> int:
                                   batch_size=args.batch_size, seed=args.seed,
                                   eval_every=args.eval_every, progress=each_step, dataset=data,
                                   threads=args.threads, precision=args.precision,
-                                  distributed=inside, flush_denormal=args.flush_denormal)
+                                  distributed=inside, flush_denormal=args.flush_denormal,
+                                  schedule=args.schedule, warmup=args.warmup)
     finally:
         if bar is not None:
             bar.leave = not sys.exc_info()[0]  # interrupted: clear the bar, keep one line
@@ -710,6 +715,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seeds the weights and the batch order")
     train.add_argument("--eval-every", type=int_at_least(0), default=500,
                        help="evaluate every N steps (0: only at the end)")
+    train.add_argument("--schedule", choices=["constant", "cosine", "onecycle"],
+                       default="constant",
+                       help="learning-rate schedule over the steps: constant, cosine decay to "
+                            "0, or onecycle (OneCycleLR up to --lr and down); each after "
+                            "--warmup steps rising linearly (onecycle: its own rise)")
+    train.add_argument("--warmup", type=int_at_least(0), default=None,
+                       help="warm-up steps, fewer than --steps (default 0; onecycle: 30%% of "
+                            "the steps)")
     train.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
                        help="parameter storage: float32, or bfloat16/float16 with float32 "
                             "compute and master weights (fp16 also scales the loss)")

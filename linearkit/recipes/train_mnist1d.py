@@ -36,6 +36,8 @@ class TrainResult:
     precision: str = "fp32"
     skipped_steps: int = 0  # fp16: steps the loss scaler skipped (a non-finite gradient)
     ranks: int = 1  # data-parallel MPI ranks (train(distributed=True))
+    schedule: str = "constant"  # the learning-rate schedule (train(schedule=))
+    warmup: int = 0  # its warm-up steps
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -150,7 +152,8 @@ def train(model_kind: str | None = None, *, hidden: int | None = None, steps: in
           dataset=None, progress=None, threads: int | str | None = "auto",
           model: Module | None = None, optimizer=None, loss_fn: Module | None = None,
           precision: str = "fp32", distributed: bool = False,
-          flush_denormal: bool = False) -> tuple[Module, TrainResult]:
+          flush_denormal: bool = False, schedule: str = "constant",
+          warmup: int | None = None) -> tuple[Module, TrainResult]:
     """Train a classifier (by default the MNIST-1D recipe) and return ``(model, TrainResult)``.
 
     Parameters
@@ -207,6 +210,13 @@ def train(model_kind: str | None = None, *, hidden: int | None = None, steps: in
         microcode assist; flushing makes the recipe's training loop faster with the same test
         accuracy and final loss (docs/fast.md, "Subnormal floats"). ``linearkit train`` turns it on
         (``--no-flush-denormal`` to keep them).
+    schedule : 'constant' | 'cosine' | 'onecycle'
+        How the learning rate moves over the ``steps`` (:func:`build_schedule`, made of
+        :mod:`linearkit.optim.lr_scheduler`'s schedulers, stepped after every optimizer step).
+    warmup : int, optional
+        Warm-up steps, in ``[0, steps)``: 'constant' and 'cosine' rise linearly to the rate
+        first (default 0); 'onecycle' rises for this many steps (default 30% of the steps,
+        ``OneCycleLR``'s ``pct_start=0.3``).
 
     Every argument is checked before the first step (ValueError/TypeError naming the fix).
     Each step is :func:`linearkit.training.loop.step`; accuracies come from
@@ -217,6 +227,7 @@ def train(model_kind: str | None = None, *, hidden: int | None = None, steps: in
 
     storage = _check_precision(precision)
     steps = _check_int("steps", steps, 1)
+    warmup = _check_schedule(schedule, warmup, steps)
     eval_every = _check_int("eval_every", eval_every, 0)
     data = as_dataset(dataset)
     batch_size = check_batch_size(batch_size, len(data.x_train))
@@ -255,15 +266,64 @@ def train(model_kind: str | None = None, *, hidden: int | None = None, steps: in
         _check_optimizer(optimizer, model)
     loss_fn = CrossEntropyLoss() if loss_fn is None else loss_fn
     threads = thread_setting(threads)
+    scheduler = build_schedule(optimizer, schedule, steps, warmup)
     loader = DataLoader(data.x_train, data.y_train, batch_size=batch_size, shuffle=True,
                         drop_last=True, seed=seed)
     dp_step = _data_parallel_step(model) if distributed else None
     with threads, _flush_denormal(flush_denormal):
         result = _loop(model, data, loss_fn, optimizer, loader, model_kind, steps, eval_every,
-                       progress, precision == "fp16", dp_step)
+                       progress, precision == "fp16", dp_step, scheduler)
     result.precision = precision
     result.ranks = ranks
+    result.schedule, result.warmup = schedule, warmup
     return model, result
+
+
+#: the schedules ``train(schedule=)`` and ``linearkit train --schedule`` know
+SCHEDULES = ("constant", "cosine", "onecycle")
+
+
+def _check_schedule(schedule, warmup, steps: int) -> int:
+    """``warmup`` as an int in ``[0, steps)`` (its default for ``schedule`` when None)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"train: schedule must be one of {', '.join(SCHEDULES)}, got "
+                         f"{schedule!r}")
+    if warmup is None:
+        return round(0.3 * steps) if schedule == "onecycle" else 0
+    warmup = _check_int("warmup", warmup, 0)
+    if warmup >= steps:
+        raise ValueError(f"train: warmup={warmup} must be fewer than steps={steps} (the "
+                         f"schedule needs steps after the warm-up); lower --warmup or raise "
+                         f"--steps")
+    return warmup
+
+
+def build_schedule(optimizer, schedule: str, steps: int, warmup: int = 0):
+    """The learning-rate scheduler for a run of ``steps`` optimizer steps, or None.
+
+    - ``'constant'``: the optimizer's rate; with ``warmup`` first
+      ``LinearLR(start_factor=1/warmup, total_iters=warmup)``.
+    - ``'cosine'``: ``CosineAnnealingLR(T_max=steps - warmup)`` down to 0, after that warm-up
+      (``SequentialLR`` joins them at ``milestones=[warmup]``).
+    - ``'onecycle'``: ``OneCycleLR(max_lr=<the rate>, total_steps=steps,
+      pct_start=warmup / steps)`` (its own warm-up from a 25th of the rate; Adam's beta1
+      cycles too, as torch's does).
+
+    The same schedulers in ``torch.optim.lr_scheduler`` give the same rates step by step.
+    """
+    from ..optim import lr_scheduler as sched
+
+    if schedule == "onecycle":
+        max_lr = [group["lr"] for group in optimizer.param_groups]
+        return sched.OneCycleLR(optimizer, max_lr=max_lr, total_steps=steps,
+                                pct_start=warmup / steps)
+    decay = (sched.CosineAnnealingLR(optimizer, T_max=steps - warmup)
+             if schedule == "cosine" else None)
+    if not warmup:
+        return decay
+    rise = sched.LinearLR(optimizer, start_factor=1 / warmup, total_iters=warmup)
+    return rise if decay is None else sched.SequentialLR(optimizer, [rise, decay],
+                                                         milestones=[warmup])
 
 
 def _flush_denormal(mode: bool):
@@ -331,7 +391,7 @@ def _check_optimizer(optimizer, model: Module) -> None:
 
 
 def _loop(model, data, loss_fn, optimizer, loader, model_kind, steps, eval_every, progress,
-          scale_loss: bool = False, dp_step=None) -> TrainResult:
+          scale_loss: bool = False, dp_step=None, scheduler=None) -> TrainResult:
     history = []
     loss = np.nan
     step = skipped = 0
@@ -356,6 +416,8 @@ def _loop(model, data, loss_fn, optimizer, loader, model_kind, steps, eval_every
                 loss = accumulated_step(model, loss_fn, optimizer, xb, yb, scaler=scaler,
                                         set_to_none=False)
                 skipped += scaler.get_scale() < before
+            if scheduler is not None:
+                scheduler.step()
             step += 1
             test_acc = None
             if eval_every and (step % eval_every == 0 or step == steps):
