@@ -47,6 +47,8 @@ class Optimizer:
     defaults : dict
         Hyperparameters used by every group that does not set them.
 
+    Notes
+    -----
     Subclasses implement ``_validate(group)`` (raise ValueError for a bad hyperparameter),
     ``_update(group)`` (one step for the group's parameters) and ``_state_keys(group)`` (what
     ``state[p]`` holds for a parameter of ``group``: ``{name: (kind, required)}``).

@@ -95,6 +95,8 @@ class GradScaler:
         False makes every method a pass-through: ``scale`` returns its input, ``step`` calls
         ``optimizer.step()``, ``get_scale()`` is 1.0, ``state_dict()`` is ``{}``.
 
+    Notes
+    -----
     One iteration is ``scale`` (any number of times: micro-batches, several losses) → backward
     → optionally ``unscale_(opt)`` (once per optimizer) → ``step(opt)`` (once per optimizer) →
     ``update()``. Misuse raises RuntimeError naming the fix: ``unscale_``/``step``/``update``
