@@ -5,6 +5,7 @@ Kept free of heavy imports so that the parent and every worker read the same def
 
 from __future__ import annotations
 
+import itertools
 import math
 
 # Groups in run order, and the frameworks each one is written for.
@@ -28,12 +29,13 @@ GROUP_HELP = {
                  "compute) vs float32, interleaved in one process; blocked vs whole upcast",
     "small": "Linear(16, 16) on one sample: forward, forward+backward (us per call)",
     "batch1": "backward of a batch-1 Linear (the K=1 dW product) vs PyTorch",
-    "mlp": "784-256-256-10 ReLU MLP: Adam training at batch 32/128/512 (and, for NumPy, the "
-           "step's 8 GEMMs back to back), inference at 1/256",
-    "recipe": "the `linearkit train` recipe: 40-100-res(100)-10 MLP, Adam lr 1e-2, batch 100",
-    "e2e": "the recipe end to end in a fresh process: `linearkit train` (cached kernels) vs "
-           "the same recipe as a PyTorch / JAX script, start-up, data, evaluation and saving "
-           "included",
+    "mlp": "784-256-256-10 ReLU MLP: Adam training at batch 32/128/512 (PyTorch's fused Adam "
+           "also on 1 thread), each framework's step's 8 GEMMs back to back, inference at 1/256",
+    "recipe": "the `linearkit train` recipe: 40-100-res(100)-10 MLP, Adam lr 1e-2, batch 100; "
+              "each framework's step's 8 GEMMs back to back",
+    "e2e": "the recipe end to end in a fresh process: `linearkit train` with numba's kernel "
+           "cache filled (warm) and empty (cold) vs the same recipe as a PyTorch / JAX script, "
+           "start-up, data, evaluation and saving included",
     "sweep": "Linear(1024, 1024) float32 against batch 1..64 (the knee) and widths 250/256, "
              "1000/1024, 4000/4096 at batch 64, under the default thread policy and at 1 and "
              "2 BLAS threads (linearkit.analysis.layer_sweep); PyTorch on the same sweep",
@@ -61,17 +63,28 @@ MLP_SIZES = (784, 256, 256, 10)
 MLP_TRAIN_BATCHES = (32, 128, 512)
 MLP_INFER_BATCHES = (1, 256)
 MLP_LR = 1e-3
-# Issue 11's training targets, per batch: linearkit's samples/s over PyTorch fused Adam's and over
-# JAX jit's; at MLP_GEMM_BATCH the step within MLP_GEMM_LIMIT of its own 8 GEMMs back to back.
+# The MLP training targets, per batch: linearkit's samples/s over PyTorch fused Adam's (the faster
+# of its default thread count and one thread: TORCH_FUSED) and over JAX jit's; at MLP_GEMM_BATCH
+# the step within MLP_GEMM_LIMIT of its own 8 GEMMs back to back.
 MLP_VS_TORCH_FUSED = {32: 1.5, 128: 1.15, 512: 1.1}
 MLP_VS_JAX = {32: 1.1, 128: 0.95, 512: 0.9}
 MLP_GEMM_BATCH = 512
 MLP_GEMM_LIMIT = 1.15
 RECIPE = {"n_train": 4000, "in": 40, "hidden": 100, "classes": 10, "batch": 100, "lr": 1e-2}
-# Issue 11's recipe targets: per step, PyTorch eager's time over linearkit's, JAX jit's over ours.
+RECIPE_SIZES = (RECIPE["in"], RECIPE["hidden"], RECIPE["hidden"], RECIPE["classes"])
+# "PyTorch fused Adam" in the MLP targets and in the host/library split (docs/performance.md, 4c):
+# the faster of these two cases, each with the step's GEMMs at its own thread count; the
+# second is measured only where torch's default thread count is above one.
+TORCH_FUSED = (("train-fused", "gemms"), ("train-fused-1thread", "gemms-1thread"))
+# The training steps whose ratios are split into the host's part (the GEMMs) and the library's:
+# (group, batch, layer sizes); the case of a step at batch B is "train:B" in the mlp group and
+# "train" in the recipe group, its GEMMs' "gemms:B" / "gemms".
+GEMM_STEPS = ([("mlp", b, MLP_SIZES) for b in MLP_TRAIN_BATCHES] +
+              [("recipe", RECIPE["batch"], RECIPE_SIZES)])
+# The recipe targets: per step, PyTorch eager's time over linearkit's, JAX jit's over ours.
 RECIPE_VS_TORCH = 4.0
 RECIPE_VS_JAX = 1.2
-# Issue 11's small-call targets: linearkit's Linear(16, 16) time over bare NumPy's, same run.
+# The small-call targets: linearkit's Linear(16, 16) time over bare NumPy's, same run.
 SMALL_LIMITS = {"fwd": 1.5, "fwdbwd": 1.6}
 # The busy-machine group: three training steps, each idle and beside one spinning process.
 BUSY_STEPS = {
@@ -118,6 +131,31 @@ def config(quick: bool | str) -> dict:
             "recipe_steps": 6000, "recipe_repeats": 5, "import_repeats": 7,
             "profile_steps": 1500, "busy_rounds": 2, "memory_steps": MEMORY_STEPS,
             "e2e_repeats": 3, "sweep_repeats": 15, "large_rounds": LARGE_ROUNDS}
+
+
+def step_gemms(sizes, batch: int) -> list[tuple[str, tuple[int, int], tuple[int, int]]]:
+    """The GEMMs of one training step of the chain of Linear layers ``sizes`` at ``batch``, in
+    the order a step runs them: ``(name, (M, K), (K, N))``.
+
+    Per layer ``i`` of shape (out, in): the forward ``x @ W.T`` (B, in) x (in, out), then, from
+    the last layer down, ``dW = dy.T @ x`` (out, B) x (B, in) and ``dx = dy @ W`` (B, out) x
+    (out, in), less the first layer's ``dx`` (nothing needs the input's gradient). A residual
+    block adds elementwise work, no GEMM. Three layers: 8 GEMMs.
+    """
+    layers = list(itertools.pairwise(sizes))
+    out = [(f"x{i}@W{i}.T", (batch, d_in), (d_in, d_out))
+           for i, (d_in, d_out) in enumerate(layers, 1)]
+    for i in range(len(layers), 0, -1):
+        d_in, d_out = layers[i - 1]
+        out.append((f"dW{i}=dy{i}.T@x{i}", (d_out, batch), (batch, d_in)))
+        if i > 1:
+            out.append((f"dx{i}=dy{i}@W{i}", (batch, d_out), (d_out, d_in)))
+    return out
+
+
+def gemm_flops(sizes, batch: int) -> float:
+    """2·M·K·N summed over :func:`step_gemms`."""
+    return 2.0 * sum(m * k * n for _, (m, k), (_, n) in step_gemms(sizes, batch))
 
 
 def shape_name(shape) -> str:

@@ -106,9 +106,58 @@ def adam_state(params):
     return (zeros, jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32))
 
 
+def gemm_products(x, weights, dz) -> list:
+    """The GEMMs of one training step of the chain ``weights`` (``cases.step_gemms``), in its
+    order: ``h_i = h_{i-1} @ W_i.T``, then from the last layer down ``dW_i = dy_i.T @ h_{i-1}``
+    and ``dy_{i-1} = dy_i @ W_i`` (not for the first layer), ``dy`` of the last being ``dz``."""
+    hs = [x]
+    for w in weights:
+        hs.append(hs[-1] @ w.T)
+    products, dy = hs[1:], dz
+    for i in range(len(weights) - 1, -1, -1):
+        products.append(dy.T @ hs[i])
+        if i:
+            dy = dy @ weights[i]
+            products.append(dy)
+    return products
+
+
+def gemms_case(sizes, batch: int):
+    """Only the GEMMs of one training step, as one jitted call, back to back on the inputs the
+    MLP steps cycle through (``data.step_inputs``). ``dz`` is donated and handed back
+    unchanged, so each call waits for the one before (as the step's donated parameters make it)
+    without a wait in Python; the run waits for the last call. (Donating the weights instead
+    costs a copy of them per call.)"""
+    @partial(jax.jit, donate_argnums=(2,))
+    def products(x, weights, dz):
+        return gemm_products(x, weights, dz), dz
+
+    weights = [jnp.asarray(w) for w, _ in data.mlp_params(sizes, data.rng())]
+    xs = [jnp.asarray(x) for x in data.step_inputs(batch, sizes)]
+    box = {"dz": jnp.asarray(data.uniform((batch, sizes[-1]), data.rng(2), 1.0 / batch)),
+           "i": 0}
+
+    def one():
+        x = xs[box["i"] % len(xs)]
+        box["i"] += 1
+        box["out"], box["dz"] = products(x, weights, box["dz"])
+
+    def prepare(n):
+        inner = loop(n, one)
+
+        def run():
+            inner()
+            jax.block_until_ready(box["out"])
+        return run
+
+    return prepare
+
+
 def mlp(rec) -> None:
     sizes = cases.MLP_SIZES
     for batch in cases.MLP_TRAIN_BATCHES:
+        rec.time(f"gemms:{batch}", gemms_case, sizes, batch, train=True, batch=batch,
+                 gemms=len(cases.step_gemms(sizes, batch)))
         def build(batch=batch):
             step = make_step(cases.MLP_LR)
             box = {"p": init(sizes), "i": 0}
@@ -147,7 +196,7 @@ def recipe(rec) -> None:
     steps = rec.cfg["recipe_steps"]
     x_all, y_all = data.recipe_dataset(data.rng())
     order = data.recipe_batches(steps)
-    sizes = (r["in"], r["hidden"], r["hidden"], r["classes"])
+    sizes = cases.RECIPE_SIZES
     step = make_step(r["lr"], residual=True)
     warm = init(sizes)  # compile once, untimed (as the other frameworks' first call is)
     step(warm, adam_state(warm), x_all[order[0]], y_all[order[0]])
@@ -163,6 +212,8 @@ def recipe(rec) -> None:
         return time.perf_counter() - start
 
     rec.runs("train", once, rec.cfg["recipe_repeats"], steps)
+    rec.time("gemms", gemms_case, sizes, r["batch"], train=True, batch=r["batch"],
+             gemms=len(cases.step_gemms(sizes, r["batch"])))
 
 
 def e2e(rec) -> None:

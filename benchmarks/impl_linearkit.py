@@ -198,7 +198,8 @@ def gemms_case(sizes, batch: int):
 def mlp(rec) -> None:
     sizes = cases.MLP_SIZES
     for batch in cases.MLP_TRAIN_BATCHES:
-        rec.time(f"gemms:{batch}", gemms_case, sizes, batch, train=True, batch=batch, gemms=8)
+        rec.time(f"gemms:{batch}", gemms_case, sizes, batch, train=True, batch=batch,
+                 gemms=len(cases.step_gemms(sizes, batch)))
         def build(batch=batch):
             step = trainer(build_model(sizes), cases.MLP_LR)
             batches = data.classification_batches(batch, sizes[0], sizes[-1], data.rng(1))
@@ -261,6 +262,8 @@ def recipe(rec) -> None:
             step(x_all[idx], y_all[idx])
         return time.perf_counter() - start
 
+    rec.time("gemms", gemms_case, sizes, r["batch"], train=True, batch=r["batch"],
+             gemms=len(cases.step_gemms(sizes, r["batch"])))
     recipe_variants(rec, once, lambda: lk.threads.num_threads(1))
     repeats = rec.cfg["recipe_repeats"]
     rec.runs("train-cli", cli_path(x_all, y_all, steps), repeats, steps)
@@ -325,11 +328,13 @@ def cli_path(x_all, y_all, steps: int):
 
 
 def e2e(rec) -> None:
-    """``linearkit train`` in a fresh process (benchmarks/e2e.py)."""
+    """``linearkit train`` in a fresh process, numba's kernel cache filled and empty
+    (benchmarks/e2e.py)."""
     from .e2e import linearkit_command, run_cases
 
     rec.put("fast", {"numba": _has("numba"), "LINEARKIT_FAST": os.environ.get("LINEARKIT_FAST")})
-    run_cases(rec, {"train": lambda data, out, steps: linearkit_command(out, steps)})
+    run_cases(rec, {"train": lambda data, out, steps: linearkit_command(out, steps)},
+              cold_too=True)
 
 
 def sweep(rec) -> None:

@@ -274,7 +274,8 @@ def gemms_case(sizes, batch: int):
 def mlp(rec) -> None:
     sizes = cases.MLP_SIZES
     for batch in cases.MLP_TRAIN_BATCHES:
-        rec.time(f"gemms:{batch}", gemms_case, sizes, batch, train=True, batch=batch, gemms=8)
+        rec.time(f"gemms:{batch}", gemms_case, sizes, batch, train=True, batch=batch,
+                 gemms=len(cases.step_gemms(sizes, batch)))
 
         def build(batch=batch):
             net = MLP(sizes, batch, cases.MLP_LR)
@@ -305,13 +306,14 @@ def recipe(rec) -> None:
     order = data.recipe_batches(steps)
 
     def once() -> float:
-        net = MLP((r["in"], r["hidden"], r["hidden"], r["classes"]), r["batch"], r["lr"],
-                  residual=True)
+        net = MLP(cases.RECIPE_SIZES, r["batch"], r["lr"], residual=True)
         start = time.perf_counter()
         for idx in order:
             net.train_step(x_all[idx], y_all[idx])
         return time.perf_counter() - start
 
+    rec.time("gemms", gemms_case, cases.RECIPE_SIZES, r["batch"], train=True, batch=r["batch"],
+             gemms=len(cases.step_gemms(cases.RECIPE_SIZES, r["batch"])))
     recipe_variants(rec, once)
 
 

@@ -21,7 +21,36 @@ def check() -> None:
 
 def info() -> dict:
     return {"torch": torch.__version__, "threads": torch.get_num_threads(),
-            "interop_threads": torch.get_num_interop_threads()}
+            "interop_threads": torch.get_num_interop_threads(), "blas": blas_name()}
+
+
+def blas_name() -> str | None:
+    """The BLAS torch was built with, as its build settings say (``BLAS_INFO=mkl``)."""
+    import re
+
+    found = re.search(r"\bBLAS_INFO=([^,\s]+)", torch.__config__.show())
+    return found.group(1) if found else None
+
+
+def on_threads(threads: int | None, prepare):
+    """``prepare`` whose runs happen under ``torch.set_num_threads(threads)`` (the count before
+    restored after each run); ``prepare`` itself when ``threads`` is None."""
+    if threads is None:
+        return prepare
+
+    def prepare_on_threads(n):
+        run = prepare(n)
+
+        def run_on_threads():
+            before = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                run()
+            finally:
+                torch.set_num_threads(before)
+        return run_on_threads
+
+    return prepare_on_threads
 
 
 def tensor(a):
@@ -135,12 +164,63 @@ def trainer(model, lr: float, fused: bool):
     return step
 
 
+def gemm_products(x, weights, dz, out=None) -> list:
+    """The GEMMs of one training step of the chain ``weights`` (``cases.step_gemms``), in its
+    order: ``h_i = h_{i-1} @ W_i.T``, then from the last layer down ``dW_i = dy_i.T @ h_{i-1}``
+    and ``dy_{i-1} = dy_i @ W_i`` (not for the first layer), ``dy`` of the last being ``dz``.
+    ``out``: the tensors to write them into (a previous call's results)."""
+    slots = iter(out or [None] * (3 * len(weights) - 1))
+
+    def mm(a, b):
+        return torch.mm(a, b, out=next(slots))
+
+    hs = [x]
+    for w in weights:
+        hs.append(mm(hs[-1], w.t()))
+    products, dy = hs[1:], dz
+    for i in range(len(weights) - 1, -1, -1):
+        products.append(mm(dy.t(), hs[i]))
+        if i:
+            dy = mm(dy, weights[i])
+            products.append(dy)
+    return products
+
+
+def gemms_case(sizes, batch: int, threads: int | None = None):
+    """Only the GEMMs of one training step, back to back, into kept tensors (``torch.mm(...,
+    out=)``: torch's BLAS with no allocation), on the inputs the MLP steps cycle through
+    (``data.step_inputs``), under ``torch.set_num_threads(threads)`` when given."""
+    weights = [tensor(w) for w, _ in data.mlp_params(sizes, data.rng())]
+    xs = [tensor(x) for x in data.step_inputs(batch, sizes)]
+    dz = tensor(data.uniform((batch, sizes[-1]), data.rng(2), 1.0 / batch))
+    out = gemm_products(xs[0], weights, dz)
+    state = {"i": 0}
+
+    def one():
+        x = xs[state["i"] % len(xs)]
+        state["i"] += 1
+        gemm_products(x, weights, dz, out)
+
+    return on_threads(threads, lambda n: loop(n, one))
+
+
+def fused_variants() -> list[tuple[str, str, int | None]]:
+    """``(step case, GEMMs case, threads)`` of ``cases.TORCH_FUSED``: fused Adam at the default
+    thread count, and on one thread unless that is the default."""
+    (default, default_gemms), (single, single_gemms) = cases.TORCH_FUSED
+    out = [(default, default_gemms, None)]
+    if torch.get_num_threads() > 1:
+        out.append((single, single_gemms, 1))
+    return out
+
+
 def mlp(rec) -> None:
     sizes = cases.MLP_SIZES
-    for fused in (False, True):
-        name = "train-fused" if fused else "train"
+    variants = [("train", None, False, None)] + [(case, gemms, True, threads)
+                                                 for case, gemms, threads in fused_variants()]
+    for name, gemms, fused, threads in variants:
         for batch in cases.MLP_TRAIN_BATCHES:
-            def build(batch=batch, fused=fused):
+            def build(batch=batch, fused=fused, threads=threads):
                 step = trainer(build_model(sizes), cases.MLP_LR, fused)
                 batches = [(tensor(x), tensor(y)) for x, y in
                            data.classification_batches(batch, sizes[0], sizes[-1], data.rng(1))]
@@ -151,9 +231,13 @@ def mlp(rec) -> None:
                     state["i"] += 1
                     step(x, y)
 
-                return lambda n: loop(n, one)
+                return on_threads(threads, lambda n: loop(n, one))
 
             rec.time(f"{name}:{batch}", build, train=True, batch=batch)
+            if gemms:
+                rec.time(f"{gemms}:{batch}", gemms_case, sizes, batch, threads, train=True,
+                         batch=batch, gemms=len(cases.step_gemms(sizes, batch)),
+                         threads=threads or torch.get_num_threads())
     for batch in cases.MLP_INFER_BATCHES:
         def build_infer(batch=batch):
             model = build_model(sizes).eval()
@@ -174,29 +258,36 @@ def recipe(rec) -> None:
     x_np, y_np = data.recipe_dataset(data.rng())
     x_all, y_all = tensor(x_np), tensor(y_np)
     order = [torch.from_numpy(idx) for idx in data.recipe_batches(steps)]
-    sizes = (r["in"], r["hidden"], r["hidden"], r["classes"])
+    sizes = cases.RECIPE_SIZES
 
-    for name, fused in (("train", False), ("train-fused", True)):
-        def once(fused=fused) -> float:
-            step = trainer(build_model(sizes, residual=True), r["lr"], fused)
-            start = time.perf_counter()
-            for idx in order:
-                step(x_all[idx], y_all[idx])
-            return time.perf_counter() - start
+    def once(fused: bool) -> float:
+        step = trainer(build_model(sizes, residual=True), r["lr"], fused)
+        start = time.perf_counter()
+        for idx in order:
+            step(x_all[idx], y_all[idx])
+        return time.perf_counter() - start
 
-        rec.runs(name, once, rec.cfg["recipe_repeats"], steps)
-    if rec.cfg.get("quick") or torch.get_num_threads() == 1:
-        return
-    threads = torch.get_num_threads()
-
-    def once_on_one_thread() -> float:
+    def on_one_thread(fused: bool) -> float:
+        threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            return once()
+            return once(fused)
         finally:
             torch.set_num_threads(threads)
 
-    rec.runs("train-1thread", once_on_one_thread, rec.cfg["recipe_repeats"], steps)
+    repeats = rec.cfg["recipe_repeats"]
+    rec.runs("train", lambda: once(False), repeats, steps)
+    # fused Adam at both thread counts, each beside the step's GEMMs at that count: the host's
+    # part of the ratio (docs/performance.md, 4c)
+    for case, gemms, threads in fused_variants():
+        rec.runs(case, lambda threads=threads: (on_one_thread if threads else once)(True),
+                 repeats, steps)
+        rec.time(gemms, gemms_case, sizes, r["batch"], threads, train=True, batch=r["batch"],
+                 gemms=len(cases.step_gemms(sizes, r["batch"])),
+                 threads=threads or torch.get_num_threads())
+    if rec.cfg.get("quick") or torch.get_num_threads() == 1:
+        return
+    rec.runs("train-1thread", lambda: on_one_thread(False), repeats, steps)
 
 
 def e2e(rec) -> None:

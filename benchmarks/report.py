@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 
 from . import cases
 from .machine import summary as machine_line
@@ -284,34 +285,25 @@ def batch1_section(v: View):
 
 
 def mlp_sections(v: View):
-    fws = [("numpy", "train"), ("linearkit", "train"), ("torch", "train"),
-           ("torch", "train-fused"), ("jax", "train")]
+    fws = [("numpy", "train"), ("linearkit", "train"), ("torch", "train"), ("jax", "train")]
     rows = []
     for batch in cases.MLP_TRAIN_BATCHES:
         sps = {(fw, c): div(batch, v.seconds("mlp", fw, f"{c}:{batch}")) for fw, c in fws}
-        rows.append([str(batch)] + [rate(sps[k]) for k in fws] +
-                    [ratio(v.ratio("mlp", ("torch", f"train-fused:{batch}"),
-                                   ("linearkit", f"train:{batch}"))),
-                     ratio(v.ratio("mlp", ("jax", f"train:{batch}"), ("linearkit", f"train:{batch}"))),
-                     rate(div(batch, v.seconds("mlp", "numpy", f"gemms:{batch}"))),
-                     rate(div(batch, (v.get("mlp", "linearkit", f"gemms:{batch}") or {})
-                              .get("median_s"))),
-                     ratio(step_over_gemms(v, batch))])
+        fused = torch_fused(v, "mlp", batch)
+        rows.append([str(batch)] + [rate(sps[k]) for k in fws[:3]] +
+                    [rate(div(batch, v.seconds("mlp", "torch", fused.step))), fused.words,
+                     rate(sps[("jax", "train")]),
+                     ratio(v.ratio("mlp", ("torch", fused.step), ("linearkit", f"train:{batch}"))),
+                     ratio(v.ratio("mlp", ("jax", f"train:{batch}"), ("linearkit", f"train:{batch}")))])
     train = _section(
         "4a. MLP 784-256-256-10 training, Adam, float32 (samples/s)",
-        ["batch", "NumPy", "linearkit", "PyTorch", "PyTorch fused Adam", "JAX jit",
-         "lk / PT fused", "lk / JAX", "8 GEMMs alone: NumPy", "8 GEMMs alone: linearkit",
-         "lk step / its GEMMs"], rows,
+        ["batch", "NumPy", "linearkit", "PyTorch", "PyTorch fused Adam", "its threads",
+         "JAX jit", "lk / PT fused", "lk / JAX"], rows,
         "One step: forward, cross-entropy, backward, Adam (lr 1e-3), zero_grad; synthetic data. "
         "PyTorch's default Adam on CPU is its per-parameter for-loop; `fused=True` its fused "
-        "kernel. NumPy: a hand-written loop, every buffer preallocated, one flat Adam. *8 GEMMs "
-        "alone*: only the step's GEMMs (3 forward, dW and dX of the upper layers, dW of the "
-        "first), back to back, on the 8 input batches the steps cycle through (as fast, within "
-        "3%, as on one batch: measured interleaved at batch 32 and 512): NumPy's into its "
-        "loop's buffers at the BLAS's default threads, "
-        "linearkit's through `linearkit.functional` under its thread policy, as its step runs "
-        "them; *lk step / its GEMMs* is linearkit's step time over its GEMMs' (the R2 target: at "
-        f"most {cases.MLP_GEMM_LIMIT}× at batch {cases.MLP_GEMM_BATCH}).")
+        f"kernel, {TORCH_FUSED_WORDS}. NumPy: a hand-written loop, every buffer preallocated, "
+        "one flat Adam. How much of each ratio is the machine's BLAS and how much the library: "
+        "4c and 4d.")
     rows = []
     for batch in cases.MLP_INFER_BATCHES:
         runs = (("numpy", f"infer:{batch}"), ("linearkit", f"infer:{batch}"),
@@ -352,9 +344,11 @@ def recipe_section(v: View):
                             ("jax", "train", "JAX jit"),
                             ("linearkit", "train-1thread", "linearkit, BLAS on 1 thread"),
                             ("numpy", "train-1thread", "hand-written NumPy, BLAS on 1 thread"),
-                            ("torch", "train-1thread", "PyTorch eager, torch.set_num_threads(1)")):
+                            ("torch", "train-1thread", "PyTorch eager, torch.set_num_threads(1)"),
+                            ("torch", "train-fused-1thread",
+                             "PyTorch eager (fused Adam), torch.set_num_threads(1)")):
         optional = case in ("train-1thread", "train-cli", "train-parts", "train-thin",
-                            "train-flush")
+                            "train-flush", "train-fused-1thread")
         w = v.worker("recipe", fw) or {}
         if optional and case not in w.get("results", {}) and case not in w.get("errors", {}):
             continue
@@ -386,6 +380,7 @@ def recipe_section(v: View):
 def e2e_section(v: View):
     lk_ = v.get("e2e", "linearkit", "train") or {}
     lk_t = lk_.get("median_s")
+    lk_cold = (v.get("e2e", "linearkit", "train-cold") or {}) if lk_ else {}
     steps = lk_.get("steps") or v.meta.get("config", {}).get("recipe_steps")
     rows = []
     for fw, case, label in (("linearkit", "train", "`linearkit train --json` (linearkit.cli)"),
@@ -398,9 +393,10 @@ def e2e_section(v: View):
         wall, loop, rest = r.get("median_s"), r.get("loop_s"), r.get("rest_s")
         if rest is None and _ok(wall) and _ok(loop):    # results saved before rest_s existed
             rest = wall - loop
-        rows.append([label, num(wall, 2), num(loop, 2), num(rest, 2),
+        cold, cold_over = _e2e_cold(fw, r, lk_cold)
+        rows.append([label, num(cold, 2), num(wall, 2), cold_over, num(loop, 2), num(rest, 2),
                      num(r.get("import_s"), 2), pct(r.get("test_accuracy")),
-                     ratio(div(wall, lk_t))])
+                     ratio(div(cold, lk_cold.get("median_s"))), ratio(div(wall, lk_t))])
     fast = (v.get("e2e", "linearkit", "fast") or {}) if v.has("e2e") else {}
     kernels = ("numba installed: the fused kernels load from numba's cache"
                if fast.get("numba") else "numba not installed: the NumPy path")
@@ -409,15 +405,78 @@ def e2e_section(v: View):
     repeats = v.meta.get("config", {}).get("e2e_repeats", "?")
     return _section(
         f"5b. The recipe end to end, a fresh process each ({num(steps)} steps; seconds)",
-        ["command", "wall (launch to exit)", "training loop", "the rest", "framework import",
-         "test accuracy", "wall / linearkit"], rows,
+        ["command", "cold: wall", "warm: wall (launch to exit)", "cold / warm",
+         "warm: training loop", "warm: the rest", "framework import", "test accuracy",
+         "cold / linearkit cold", "warm / linearkit warm"], rows,
         "What a user waits for: interpreter start-up, imports, loading MNIST-1D, building the "
         "model, 6,000 steps of batch 100 (in a full run), test accuracy every 500 steps and at "
         "the end, train accuracy, saving the weights (benchmarks/e2e.py). Each command ran once "
         f"untimed (caches filled: {kernels}), then {repeats} timed run(s); medians over them "
-        "(each column on its own, so they need not add up). *The rest* = each run's wall − its "
-        "loop's own timer (start-up, data, evaluation after the loop, saving). The PyTorch and JAX scripts use the benchmark's own model and step "
-        "(`impl_torch`, `impl_jax`); JAX compiles inside the timed run.")
+        "(each column on its own, so they need not add up). *Warm*: those runs. *Cold*: "
+        "linearkit's command with an empty kernel cache, as its first run after an install "
+        "(`NUMBA_CACHE_DIR`, numba's own setting, at a new empty folder each run, so every "
+        "kernel the run uses is compiled in it), each cold run just before a warm one; "
+        "*cold / warm* is the median of each cold run's wall over the warm run's beside it. "
+        "PyTorch keeps nothing between runs and JAX compiles in every run (its persistent "
+        "compilation cache off), so their cold runs are their warm ones. A process a run "
+        "leaves behind (a background compiler) is waited for before the next run and is not in "
+        "the wall time (notes below). *The rest* = each "
+        "run's wall − its loop's own timer (start-up, data, evaluation after the loop, saving). "
+        "The PyTorch and JAX scripts use the benchmark's own model and step (`impl_torch`, "
+        "`impl_jax`); JAX compiles inside the timed run.",
+        notes=_e2e_cold_notes(lk_, lk_cold))
+
+
+# a process a run left behind that outlived it by more than this many seconds is reported
+LEFTOVER_S = 0.2
+
+
+def _e2e_cold(fw: str, r: dict, lk_cold: dict) -> tuple[float | None, str]:
+    """A row's cold wall time and its cold / warm cell."""
+    if fw == "linearkit":
+        cold = lk_cold.get("median_s")
+        return cold, ratio(r.get("cold_over_warm") or div(cold, r.get("median_s")))
+    if fw == "jax" and r.get("compilation_cache"):
+        return None, f"n/a: JAX's compilation cache is on ({r['compilation_cache']})"
+    return r.get("median_s"), "same runs" if fw == "torch" else "same runs (compiles each)"
+
+
+def _e2e_cold_notes(lk_: dict, lk_cold: dict) -> list[str]:
+    """What linearkit's cold runs left in their ``NUMBA_CACHE_DIR`` (numba cache files, or
+    none: then nothing compiled into it, and the run was not cold), how long what a run left
+    running (a background compiler) ran on after it exited, and whether a warm run left any."""
+    notes = []
+    files = lk_cold.get("cache_files")
+    if files and not all(files):
+        notes.append(f"linearkit's cold runs left {' / '.join(map(str, files))} numba cache "
+                     "files in their NUMBA_CACHE_DIR: a run that left none compiled nothing "
+                     "into it (numba missing, LINEARKIT_FAST=0, or kernels found elsewhere), so "
+                     "it was not a cold run.")
+    elif files:
+        notes.append(f"linearkit's cold runs' NUMBA_CACHE_DIR held {' / '.join(map(str, files))} "
+                     "numba cache files afterwards: their kernels were compiled into it.")
+    after = lk_cold.get("after_s") or []
+    if any(_ok(a) and a > LEFTOVER_S for a in after):
+        notes.append("each cold run left a process running after it exited (a background "
+                     f"compiler), for {' / '.join(num(a, 1) for a in after)} s; the benchmark "
+                     "waited for it before the next run. Not in the cold wall time: nobody "
+                     "waits for it.")
+    warm = " / ".join(num(a, 1) for a in lk_.get("after_s") or [] if _ok(a) and a > LEFTOVER_S)
+    if warm:
+        notes.append(f"a warm run left a process running after it exited ({warm} s): its "
+                     "kernels were not all cached, so it was not warm.")
+    before = lk_.get("warm_up_after_s")
+    if _ok(before) and before > LEFTOVER_S:
+        notes.append(f"the untimed first run left a process running for {num(before, 1)} s "
+                     "after it exited (numba's cache was cold; the timed runs came after it).")
+    return notes
+
+
+def split_sections(v: View):
+    """The host/library split of the MLP and recipe steps' ratios (benchmarks/gemm_split.py)."""
+    from .gemm_split import sections
+
+    return sections(v)
 
 
 def sweep_sections(v: View):
@@ -697,9 +756,10 @@ def large_targets(v: View, add) -> None:
 def mlp_targets(v: View, add) -> None:
     for batch in cases.MLP_TRAIN_BATCHES:
         limit = cases.MLP_VS_TORCH_FUSED[batch]
-        r = v.ratio("mlp", ("torch", f"train-fused:{batch}"), ("linearkit", f"train:{batch}"))
-        add("R2", f"MLP train b{batch} ≥ {limit}× PyTorch fused Adam", ratio(r),
-            at_least(r, limit))
+        fused = torch_fused(v, "mlp", batch)
+        r = v.ratio("mlp", ("torch", fused.step), ("linearkit", f"train:{batch}"))
+        add("R2", f"MLP train b{batch} ≥ {limit}× PyTorch fused Adam",
+            f"{ratio(r)} (PyTorch on {fused.words})", at_least(r, limit))
         limit = cases.MLP_VS_JAX[batch]
         r = v.ratio("mlp", ("jax", f"train:{batch}"), ("linearkit", f"train:{batch}"))
         add("R2", f"MLP train b{batch} ≥ {limit}× JAX jit", ratio(r), at_least(r, limit))
@@ -714,6 +774,68 @@ def mlp_targets(v: View, add) -> None:
     add("R1", "MLP inference b1 ≥ 2× PyTorch", ratio(r), at_least(r, 2.0))
     r = v.ratio("mlp", ("jax", "infer:256"), ("linearkit", "infer:256"))
     add("R1", "MLP inference b256 ≥ JAX jit", ratio(r), at_least(r, 1.0))
+
+
+# "PyTorch fused Adam" in the MLP targets and tables (cases.TORCH_FUSED), in words
+TORCH_FUSED_WORDS = ("timed at torch's default thread count and on one thread "
+                     "(`torch.set_num_threads(1)`), the faster of the two counting as "
+                     "\"PyTorch fused Adam\" (*its threads*)")
+
+
+@dataclass(frozen=True)
+class TorchFused:
+    """PyTorch fused Adam's step case, its GEMMs' case at the same thread count, that count
+    (None when unknown) and whether it is torch's default."""
+
+    step: str
+    gemms: str
+    threads: int | None
+    default: bool
+
+    @property
+    def words(self) -> str:
+        """``2 threads (default)``, ``1 thread``."""
+        if self.threads is None:
+            return "n/a"
+        return (f"{self.threads} thread{'s' if self.threads != 1 else ''}"
+                f"{' (default)' if self.default else ''}")
+
+
+def case_name(group: str, base: str, batch: int) -> str:
+    """A training case's name: ``base:batch`` in the mlp group, ``base`` in the recipe's."""
+    return base if group == "recipe" else f"{base}:{batch}"
+
+
+def per_step(res: dict | None) -> float | None:
+    """Seconds per step of a result: a whole run's over its steps, else its median."""
+    if not res or not _ok(res.get("median_s")):
+        return None
+    return res["median_s"] / (res.get("steps") or 1)
+
+
+def torch_fused(v: View, group: str, batch: int) -> TorchFused:
+    """The faster of ``cases.TORCH_FUSED``'s measured variants in ``group`` at ``batch`` (the
+    default thread count's when neither was measured, so that the report says so)."""
+    w = v.worker(group, "torch") or {}
+    res = w.get("results", {})
+    found = [(per_step(res.get(case_name(group, step, batch))), i, step, gemms)
+             for i, (step, gemms) in enumerate(cases.TORCH_FUSED)]
+    found = [f for f in found if _ok(f[0])]
+    _, i, step, gemms = min(found) if found else (None, 0, *cases.TORCH_FUSED[0])
+    gemms = case_name(group, gemms, batch)
+    threads = (res.get(gemms) or {}).get("threads") or \
+        (1 if i else (w.get("info") or {}).get("threads"))
+    return TorchFused(case_name(group, step, batch), gemms, threads, i == 0)
+
+
+def step_ratio(v: View, group: str, over: tuple[str, str], under: tuple[str, str]):
+    """``View.ratio`` per step: a whole run (the recipe's) counts as its ``steps`` steps, a
+    timed case's iteration as one (a step, or a step's GEMMs)."""
+    r = v.ratio(group, over, under)
+    a, b = v.get(group, *over), v.get(group, *under)
+    if not _ok(r) or a is None or b is None:
+        return None
+    return r * (b.get("steps") or 1) / (a.get("steps") or 1)
 
 
 def _gemms_framework(v: View, batch: int) -> str:
@@ -782,12 +904,13 @@ def all_sections(v: View) -> list[dict]:
                          targets(v), TARGETS_INTRO)]
     builders = [("large", large_section), ("precision", precision_section),
                 ("small", small_section), ("batch1", batch1_section),
-                ("mlp", mlp_sections), ("recipe", recipe_section), ("e2e", e2e_section),
+                ("mlp", mlp_sections), (("mlp", "recipe"), split_sections),
+                ("recipe", recipe_section), ("e2e", e2e_section),
                 ("footprint", footprint_section), ("memory", memory_section),
                 ("profile", profile_sections), ("busy", busy_sections),
                 ("sweep", sweep_sections)]
-    for group, build in builders:
-        if not v.has(group):
+    for groups, build in builders:
+        if not any(v.has(g) for g in ((groups,) if isinstance(groups, str) else groups)):
             continue
         made = build(v)
         for s in made if isinstance(made, list) else [made]:
@@ -922,6 +1045,20 @@ def _rendered(meta: dict) -> str:
     return text
 
 
+def page_header(meta: dict) -> str:
+    """The line every generated page carries under its title (``experiments.provenance``): the
+    command that measured the results, less ``--save FILE`` (which only keeps them), the commit
+    it ran at and its date. Results saved before runs recorded their commit say ``unknown``."""
+    from experiments.provenance import header_line
+
+    argv = list(meta.get("argv", ["python", "-m", "benchmarks", "--write-docs"]))
+    if "--save" in argv:
+        del argv[argv.index("--save"):argv.index("--save") + 2]
+    argv = [a for a in argv if not a.startswith("--save=")]
+    return header_line(" ".join(argv), meta.get("commit", "unknown"),
+                       str(meta.get("date", "unknown")))
+
+
 def _minutes(meta: dict) -> str:
     return f"{meta['wall_s'] / 60:.0f} minutes" if "wall_s" in meta else "? minutes"
 
@@ -937,10 +1074,12 @@ def render_markdown(results: dict) -> str:
     out = [
         "# Performance",
         "",
+        page_header(meta),
+        "",
         ("<!-- Generated by `python -m benchmarks --write-docs` from measured results; do not "
         "edit by hand. -->"),
         "",
-        (f"Generated by `{argv}` on {meta.get('date', '?')}"
+        (f"Measured with `{argv}`, started {meta.get('date', '?')}"
         f"{'' if _mode(meta) == 'full' else f' ({_mode(meta)} run)'}"
         f"{_wall(meta)}{_rendered(meta)}."),
         "",
@@ -1015,7 +1154,8 @@ def render_busy_markdown(results: dict) -> str:
     rows: list[list[str]] = []
     if v.has("busy"):
         busy_targets(v, lambda *r: rows.append(list(r)))
-    out = [(f"Generated by `{argv}` on {meta.get('date', '?')}"
+    out = [page_header(meta), "",
+           (f"Measured with `{argv}`, started {meta.get('date', '?')}"
             f"{'' if _mode(meta) == 'full' else f' ({_mode(meta)} run)'}{_wall(meta)}"
             f"{_rendered(meta)}."), "", f"Machine: {machine_line(v.info)}", ""]
     if _load_line(meta):

@@ -194,10 +194,13 @@ def measure_all(args) -> dict:
     quick = "smoke" if args.smoke else args.quick
     wanted = set(args.frameworks.split(",")) if args.frameworks else None
     forced = forced_settings(args.forced_kernel)
+    from experiments.provenance import current_commit
+
     started = time.perf_counter()
     results: dict = {
         "meta": {
             "date": dt.datetime.now().isoformat(timespec="seconds"),
+            "commit": current_commit(),   # the pages' header names it
             "argv": ["python", "-m", "benchmarks", *sys.argv[1:]],
             "quick": quick, "groups": groups, "config": cases.config(quick),
             "threads": args.threads, "rounds": args.rounds,

@@ -18,7 +18,9 @@ a source checkout. Each is a module with ``run(...)`` and ``main(argv)``. Availa
 
 The measurements they share live beside them: ``checkpoint_measure`` (checkpointing's memory and
 time), ``sparse_timing`` (CSR against dense), ``factorize_claims`` (a rank-64 factorization of a
-100 MB layer), ``qkv_timing`` (one fused QKV GEMM against three). Experiment modules import
+100 MB layer), ``qkv_timing`` (one fused QKV GEMM against three); so does ``provenance``, the
+header line every generated page starts with (``benchmarks`` and ``docs/gen_ledger.py`` use it
+too). Experiment modules import
 matplotlib only when they draw, and are imported only when run.
 """
 

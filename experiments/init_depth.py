@@ -342,8 +342,16 @@ def run(out_dir=DEFAULT_OUT_DIR, quick: bool = False, seed: int = 0, *,
     """
     from linearkit.backend.threads import num_threads
 
-    if config is None:
-        config = Config.quick(seed) if quick else Config(seed=seed)
+    from .pages import page_command
+    from .provenance import current_commit, header_line
+
+    base = Config.quick(seed) if quick else Config(seed=seed)
+    config = base if config is None else config
+    command = page_command("init-depth", out_dir, quick=quick, seed=seed, default_seed=0,
+                           default_out_dir=DEFAULT_OUT_DIR)
+    if config.epochs != base.epochs:
+        command += f" --epochs {config.epochs}"
+    header = header_line(command, current_commit())
     start = time.perf_counter()
     runs: list[Run] = []
     adam_runs: list[Run] = []
@@ -372,7 +380,7 @@ def run(out_dir=DEFAULT_OUT_DIR, quick: bool = False, seed: int = 0, *,
     if write:
         from .init_depth_page import write_page
 
-        result.files = write_page(result, out_dir, quick)
+        result.files = write_page(result, out_dir, quick, header)
         if verbose:
             print("wrote " + ", ".join(result.files))
     return result

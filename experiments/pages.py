@@ -1,6 +1,7 @@
 """What the experiments that write a docs page share: the command line of a page
-(``--quick``, ``--out-dir``, ``--write-docs``, ``--no-write``, ``--seed``), the repository's
-docs/ folder, and the machine line every page starts with."""
+(``--quick``, ``--out-dir``, ``--write-docs``, ``--no-write``, ``--seed``) and the command
+line a page's header names, the repository's docs/ folder, and the machine line every page
+starts with."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["machine_info", "measure_sections", "parse_page_args", "repo_docs", "run_page"]
+__all__ = ["machine_info", "measure_sections", "page_command", "parse_page_args", "repo_docs",
+           "run_page"]
 
 
 def repo_docs() -> Path | None:
@@ -90,12 +92,34 @@ def parse_page_args(name: str, description: str, page: str, default_out_dir: str
     return args, Path(out_dir)
 
 
-def run_page(cfg, measure, render, page: str, out_dir, write: bool, log) -> object:
+def page_command(name: str, out_dir, *, quick: bool, seed: int, default_seed: int,
+                 default_out_dir) -> str:
+    """The command line that writes a page into ``out_dir``, as a user types it: ``python -m
+    experiments NAME`` with ``--quick``, ``--write-docs`` (``out_dir`` is the repository's
+    docs/) or ``--out-dir DIR`` (not the default), and ``--seed N`` (not the default)."""
+    parts = ["python", "-m", "experiments", name] + (["--quick"] if quick else [])
+    docs = repo_docs()
+    if docs is not None and Path(out_dir).resolve() == docs.resolve():
+        parts.append("--write-docs")
+    elif Path(out_dir) != Path(default_out_dir):
+        parts += ["--out-dir", str(out_dir)]
+    if seed != default_seed:
+        parts += ["--seed", str(seed)]
+    return " ".join(parts)
+
+
+def run_page(cfg, measure, render, page: str, out_dir, write: bool, log,
+             command: str) -> object:
     """``measure(cfg, log)`` on ``cfg.threads`` BLAS threads (fixed, so no ratio depends on the
     adaptive policy's choice of the moment), then, unless ``write`` is False, ``render(result)``
-    written to ``out_dir/page`` (``<stem>_quick.md`` for a quick config). Returns the result."""
+    written to ``out_dir/page`` (``<stem>_quick.md`` for a quick config) under the header line
+    that names ``command`` and the commit measured (read before measuring) and the date
+    (:mod:`experiments.provenance`). Returns the result."""
     from linearkit.backend.threads import num_threads
 
+    from .provenance import current_commit, header_line, with_header
+
+    commit = current_commit()
     with num_threads(cfg.threads):
         result = measure(cfg, log)
     if write:
@@ -103,7 +127,8 @@ def run_page(cfg, measure, render, page: str, out_dir, write: bool, log) -> obje
         out.mkdir(parents=True, exist_ok=True)
         stem = page.rsplit(".", 1)[0]
         path = out / (f"{stem}_quick.md" if cfg.quick_run else page)
-        path.write_text(render(result), encoding="utf-8")
+        path.write_text(with_header(render(result), header_line(command, commit)),
+                        encoding="utf-8")
         log(f"wrote {path}")
     return result
 

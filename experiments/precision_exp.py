@@ -571,11 +571,13 @@ def run(out_dir=DEFAULT_OUT_DIR, *, quick: bool = False, seed: int = 42,
         config: Config | None = None, write: bool = True, log=print) -> Result:
     """Measure every section and write the page (unless ``write`` is False); returns the
     :class:`Result`."""
-    from .pages import run_page
+    from .pages import page_command, run_page
     from .precision_page import render_page
 
     cfg = config or (Config.quick(seed) if quick else Config(seed=seed))
-    return run_page(cfg, _measure, render_page, "precision.md", out_dir, write, log)
+    command = page_command("precision", out_dir, quick=cfg.quick_run, seed=cfg.seed,
+                           default_seed=42, default_out_dir=DEFAULT_OUT_DIR)
+    return run_page(cfg, _measure, render_page, "precision.md", out_dir, write, log, command)
 
 
 def _measure(cfg: Config, log) -> Result:
