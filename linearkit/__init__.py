@@ -13,10 +13,19 @@ from .core import anomaly, hooks, random
 from .core.anomaly import detect_anomaly
 from .core.module import Module, Parameter
 from .core.random import manual_seed
-from .errors import AnomalyError, BackwardError, DTypeError, FormatError, ShapeError
+from .errors import (
+    AllocationError,
+    AnomalyError,
+    BackwardError,
+    ClassIndexError,
+    DTypeError,
+    FormatError,
+    ShapeError,
+)
 from .layers import (
     GELU,
     BatchNorm1d,
+    Bilinear,
     Dropout,
     Flatten,
     Identity,
@@ -32,6 +41,7 @@ from .layers import (
     QuantizedTrainingError,
     ReLU,
     Residual,
+    RMSNorm,
     Sequential,
     Sigmoid,
     SiLU,
@@ -62,11 +72,14 @@ __all__ = [
     "HuberLoss",
     "BCELoss",
     "GELU",
+    "AllocationError",
     "AnomalyError",
     "BCEWithLogitsLoss",
     "BackwardError",
     "BatchNorm1d",
+    "Bilinear",
     "Checkpoint",
+    "ClassIndexError",
     "CrossEntropyLoss",
     "DTypeError",
     "Dropout",
@@ -87,6 +100,7 @@ __all__ = [
     "Parameter",
     "QuantizedLinear",
     "QuantizedTrainingError",
+    "RMSNorm",
     "ReLU",
     "Residual",
     "Sequential",

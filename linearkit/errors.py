@@ -59,6 +59,13 @@ class DimError(ShapeError, IndexError):
     (and as NumPy's AxisError is both)."""
 
 
+class ClassIndexError(Located, IndexError, ValueError):
+    """A class-index target outside ``0..C-1`` that is not the loss's ``ignore_index``
+    (``CrossEntropyLoss``, ``NLLLoss``): an IndexError, as PyTorch raises ("Target 4 is out of
+    bounds."), and a ValueError (a bad value). The message names the index, the valid range and
+    the likely fix (1-based labels, the head's ``out_features``, padding for ``ignore_index``)."""
+
+
 class DTypeError(Located, TypeError):
     """An input's dtype does not match the module's parameters (linearkit never promotes silently)."""
 
@@ -69,6 +76,59 @@ class BackwardError(Located, RuntimeError):
 
 class AnomalyError(Located, FloatingPointError):
     """Raised inside ``linearkit.detect_anomaly()`` when a module first produces NaN or Inf."""
+
+
+class AllocationError(Located, MemoryError):
+    """A layer could not allocate one of its arrays: in its constructor, ``reset_parameters``
+    or a load. A ``MemoryError`` (``except MemoryError`` still catches it) whose message is one
+    line naming the layer — its path in the model where known (``classifier.2``) — the array,
+    its shape and dtype, and the bytes asked for.
+
+    ``array``, ``shape``, ``dtype`` and ``nbytes`` are kept as attributes (None where unknown:
+    a user's layer that ran out of memory in its own code). A loader that knows where the layer
+    goes names it with ``at(path)``; otherwise the path is resolved like any located error's.
+    """
+
+    def __init__(self, layer: str, array: str | None = None, shape: tuple | None = None,
+                 dtype=None, nbytes: int | None = None, *, module=None,
+                 purpose: str = "", detail: str | None = None):
+        self.layer = layer
+        self.array = array
+        self.shape = None if shape is None else tuple(int(s) for s in shape)
+        self.dtype = None if dtype is None else str(dtype)
+        self.nbytes = None if nbytes is None else int(nbytes)
+        self.given_path: str | None = None
+        if detail is None:
+            detail = (f"cannot allocate {_bytes_text(self.nbytes)}{purpose} for its {array} of "
+                      f"shape {self.shape}, {self.dtype}: more memory than this machine can "
+                      "give; use smaller sizes or a 16-bit dtype, or free memory")
+        super().__init__(detail, module=module)
+
+    def at(self, path: str):
+        """Name the layer by ``path`` (its place in the model being built); returns itself."""
+        self.given_path = path
+        return self
+
+    @property
+    def path(self) -> str | None:
+        return self.given_path if self.given_path is not None else super().path
+
+    def __str__(self) -> str:
+        path = self.path
+        where = f"module '{path}' ({self.layer})" if path else self.layer
+        return f"{where}: {self.detail}"
+
+
+def _bytes_text(nbytes: int | None) -> str:
+    """``'400,000,000 bytes (381.5 MiB)'``: exact, then in binary units."""
+    if nbytes is None:
+        return "memory"
+    size, unit = float(nbytes), "bytes"
+    for next_unit in ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, next_unit
+    return f"{nbytes:,} bytes" + ("" if unit == "bytes" else f" ({size:.1f} {unit})")
 
 
 class FormatError(ValueError):

@@ -690,3 +690,126 @@ def batch_norm_backward(dy, xhat, rstd, weight=None, training: bool = True,
     w = None if weight is None else weight.reshape(shape)
     return _norm_backward(dy, xhat, rstd, w, axes, axes if training else None,
                           need_dx, need_dw, need_db)
+
+
+# ----------------------------------------------------------------------- rms norm
+__all__ += ["rms_norm", "rms_norm_backward", "rms_norm_forward"]
+
+
+def _trailing_axes(ndim: int, normalized_shape) -> tuple:
+    return tuple(range(ndim - len(normalized_shape), ndim))
+
+
+def _rms_rescaled(x64: np.ndarray, axes: tuple, n: int, eps: float):
+    """``(xhat, rstd)`` of float64 ``x64`` computed on ``x64 / 2^e`` (``2^e`` just above each
+    slice's ``max |x|``: exact), so ``mean(x²)`` neither overflows nor underflows."""
+    _, e = np.frexp(np.max(np.abs(x64), axis=axes, keepdims=True))
+    xs = np.ldexp(x64, -e)
+    r = 1.0 / np.sqrt(np.sum(xs * xs, axis=axes, keepdims=True) / n + np.ldexp(eps, -2 * e))
+    return xs * r, np.ldexp(r, -e)
+
+
+def rms_norm_forward(x, normalized_shape, weight=None, eps: float | None = None):
+    """``rms_norm`` that also returns what its backward needs: ``(y, xhat, rstd)``.
+
+    ``xhat = x * rstd`` has x's shape and dtype; ``rstd = 1/sqrt(mean(x²) + eps)`` is float64,
+    x's shape with the normalized dims set to 1. ``y`` never aliases ``xhat``.
+    """
+    axes = _trailing_axes(x.ndim, normalized_shape)
+    n = math.prod(x.shape[a] for a in axes)
+    eps = float(np.finfo(x.dtype).eps) if eps is None else float(eps)
+    x64 = np.asarray(x, np.float64)  # float32 sums of squares would overflow beyond ~1.8e19
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        shifted = np.sum(x64 * x64, axis=axes, keepdims=True)
+        if n:
+            shifted /= n
+        shifted += eps
+        rstd = 1.0 / np.sqrt(shifted)
+        xhat = x64 * rstd
+        # A slice whose mean square overflowed or underflowed (|x| beyond ~1e154, or eps tiny
+        # and x tiny) is recomputed on a scaled copy; NaN and inf inputs stay NaN, as in torch.
+        bad = (shifted == np.inf) | (shifted < np.finfo(np.float64).tiny)
+        if n and bad.any():
+            fixed_xhat, fixed_rstd = _rms_rescaled(x64, axes, n, eps)
+            xhat, rstd = np.where(bad, fixed_xhat, xhat), np.where(bad, fixed_rstd, rstd)
+    xhat = xhat.astype(x.dtype, copy=False)
+    y = xhat if weight is None else xhat * weight
+    return (xhat.copy() if y is xhat else y), xhat, rstd
+
+
+def rms_norm(x, normalized_shape, weight=None, eps: float | None = None) -> np.ndarray:
+    """``x / sqrt(mean(x²) + eps) * weight`` over the trailing ``normalized_shape`` dims, as
+    ``torch.nn.functional.rms_norm``.
+
+    Shapes: x ``(*, *normalized_shape)``; weight ``normalized_shape`` or None -> y like x.
+    ``eps`` None is ``np.finfo(x.dtype).eps``. The mean square is accumulated in float64.
+    """
+    return rms_norm_forward(x, normalized_shape, weight, eps)[0]
+
+
+def rms_norm_backward(dy, xhat, rstd, normalized_shape, weight=None, need_dx: bool = True,
+                      need_dw: bool = True):
+    """Gradients ``(dx, dweight)`` of ``rms_norm`` from ``rms_norm_forward``'s saves.
+
+    ``dx = rstd · (g - xhat · mean(g · xhat))`` with ``g = dy · weight``; ``dweight = Σ dy ·
+    xhat`` over the leading dims (``normalized_shape``). A gradient not asked for is None;
+    both come in dy's dtype, freshly allocated.
+    """
+    axes = _trailing_axes(dy.ndim, normalized_shape)
+    dx = dw = None
+    if need_dw:
+        lead = tuple(range(dy.ndim - len(axes)))
+        dw = np.sum(dy * xhat, axis=lead, dtype=np.float64).astype(dy.dtype)
+    if need_dx:
+        g = dy if weight is None else dy * weight
+        n = math.prod(dy.shape[a] for a in axes)
+        m = np.sum(g * xhat, axis=axes, keepdims=True, dtype=np.float64)
+        if n:
+            m /= n
+        with np.errstate(over="ignore", invalid="ignore"):
+            dx = (rstd * (g - xhat * m)).astype(dy.dtype)
+    return dx, dw
+
+
+# ----------------------------------------------------------------------------- bilinear
+__all__ += ["bilinear", "bilinear_backward"]
+
+
+def bilinear(x1: np.ndarray, x2: np.ndarray, weight: np.ndarray,
+             bias: np.ndarray | None = None) -> np.ndarray:
+    """``y[b, o] = Σ_ij x1[b, i] W[o, i, j] x2[b, j] + bias[o]`` on rows, as
+    ``torch.nn.functional.bilinear``.
+
+    Shapes: x1 ``(B, in1)``, x2 ``(B, in2)``, weight ``(out, in1, in2)``, bias ``(out,)`` or
+    None -> y ``(B, out)``. Two contractions: ``t = x1 · W`` ``(B, out, in2)`` (one GEMM), then
+    each row of ``t`` with its row of ``x2``.
+    """
+    t = np.tensordot(x1, weight, axes=([1], [1]))     # (B, out, in2)
+    y = np.matmul(t, x2[:, :, None])[:, :, 0]         # (B, out)
+    if bias is not None:
+        y += bias
+    return y
+
+
+def bilinear_backward(dy: np.ndarray, x1: np.ndarray | None, x2: np.ndarray | None,
+                      weight: np.ndarray, need_dx: bool = True, need_dw: bool = True,
+                      need_db: bool = True):
+    """Gradients ``(dx1, dx2, dweight, dbias)`` of ``bilinear`` for ``dy (B, out)``; a gradient
+    not asked for is None (its contraction does not run).
+
+    With ``g[b, o, i] = dy[b, o] x1[b, i]``: ``dW = Σ_b g ⊗ x2[b]``, ``dx2 = g · W`` and
+    ``dx1[b] = Σ_o dy[b, o] (W x2[b])[o]``; ``db = Σ_b dy``. x1 ``(B, in1)`` and x2 ``(B, in2)``
+    may be None when neither dx nor dweight is asked for.
+    """
+    dx1 = dx2 = dw = db = None
+    if need_dw or need_dx:
+        g = dy[:, :, None] * x1[:, None, :]                        # (B, out, in1)
+        if need_dw:
+            dw = np.tensordot(g, x2, axes=([0], [0]))              # (out, in1, in2)
+        if need_dx:
+            dx2 = np.tensordot(g, weight, axes=([1, 2], [0, 1]))   # (B, in2)
+            v = np.tensordot(x2, weight, axes=([1], [2]))          # (B, out, in1)
+            dx1 = np.matmul(dy[:, None, :], v)[:, 0, :]            # (B, in1)
+    if need_db:
+        db = np.sum(dy, axis=0)
+    return dx1, dx2, dw, db

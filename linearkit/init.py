@@ -4,7 +4,11 @@ Every function works **in place** on a :class:`linearkit.Parameter` (it writes i
 ``p.data[...]``) or on a floating-point ``numpy.ndarray``, and returns what it was given, so
 ``init.zeros_(layer.bias)`` and ``w = init.normal_(np.empty((3, 4), np.float32))`` both work.
 The array keeps its dtype (a float32 weight stays float32; values are drawn in float64 and
-cast). Random functions take a keyword ``rng=``: a ``numpy.random.Generator`` (or an int seed);
+rounded once into it). The uniform and normal fills draw a block at a time
+(``core.random.fill_uniform``): the same values as one whole draw, with only a small float64
+block held beside the array. ``trunc_normal_`` holds its float64 draws whole (its rejection
+sampling sizes each round by what is left), ``orthogonal_`` a float64 matrix and its QR
+factors, ``sparse_`` a row permutation per column. Random functions take a keyword ``rng=``: a ``numpy.random.Generator`` (or an int seed);
 when omitted they draw from the library's generator (``linearkit.manual_seed``). The global
 ``np.random`` state is never used. Same generator state, same values.
 
@@ -43,7 +47,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from .core.module import Parameter
-from .core.random import resolve
+from .core.random import fill_normal, fill_uniform, resolve
 
 __all__ = [
     "calculate_gain", "constant_", "eye_", "fan_in_and_fan_out", "kaiming_normal_",
@@ -232,7 +236,7 @@ def uniform_(tensor: T, a: float = 0.0, b: float = 1.0, *, rng: RNG = None) -> T
     data = _array(tensor)
     if not a <= b:
         raise ValueError(f"uniform_ expects a <= b (the range [a, b)), got a={a} > b={b}")
-    data[...] = resolve(rng).uniform(a, b, data.shape)
+    fill_uniform(data, a, b, resolve(rng))
     return tensor
 
 
@@ -255,7 +259,7 @@ def normal_(tensor: T, mean: float = 0.0, std: float = 1.0, *, rng: RNG = None) 
     data = _array(tensor)
     if not std >= 0:
         raise ValueError(f"normal_ expects std >= 0.0, got std={std}")
-    data[...] = resolve(rng).normal(mean, std, data.shape)
+    fill_normal(data, mean, std, resolve(rng))
     return tensor
 
 
@@ -378,7 +382,9 @@ def trunc_normal_(tensor: T, mean: float = 0.0, std: float = 1.0, a: float = -2.
         return tensor
     lo, hi = (a - mean) / std, (b - mean) / std
     z = _truncated_standard_normal(lo, hi, data.size, resolve(rng))
-    data[...] = (mean + std * z).reshape(data.shape)
+    z *= std  # in place: the values of mean + std * z, without two more float64 arrays
+    z += mean
+    data[...] = z.reshape(data.shape)
     np.clip(data, a, b, out=data)  # the cast to float32 may round one ulp past a bound
     return tensor
 
@@ -409,7 +415,7 @@ def xavier_uniform_(tensor: T, gain: float = 1.0, *, rng: RNG = None) -> T:
     if _no_op_if_empty(data):
         return tensor
     bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
-    data[...] = resolve(rng).uniform(-bound, bound, data.shape)
+    fill_uniform(data, -bound, bound, resolve(rng))
     return tensor
 
 
@@ -424,7 +430,7 @@ def xavier_normal_(tensor: T, gain: float = 1.0, *, rng: RNG = None) -> T:
     if _no_op_if_empty(data):
         return tensor
     std = gain * math.sqrt(2.0 / (fan_in + fan_out))
-    data[...] = resolve(rng).normal(0.0, std, data.shape)
+    fill_normal(data, 0.0, std, resolve(rng))
     return tensor
 
 
@@ -467,7 +473,7 @@ def kaiming_uniform_(tensor: T, a: float = 0, mode: str = "fan_in",
     if _no_op_if_empty(data):
         return tensor
     bound = math.sqrt(3.0) * gain / math.sqrt(fan)
-    data[...] = resolve(rng).uniform(-bound, bound, data.shape)
+    fill_uniform(data, -bound, bound, resolve(rng))
     return tensor
 
 
@@ -484,7 +490,7 @@ def kaiming_normal_(tensor: T, a: float = 0, mode: str = "fan_in",
     if _no_op_if_empty(data):
         return tensor
     std = gain / math.sqrt(fan)
-    data[...] = resolve(rng).normal(0.0, std, data.shape)
+    fill_normal(data, 0.0, std, resolve(rng))
     return tensor
 
 
@@ -563,7 +569,7 @@ def sparse_(tensor: T, sparsity: float, std: float = 0.01, *, rng: RNG = None) -
     rng = resolve(rng)
     rows, cols = data.shape
     num_zeros = math.ceil(sparsity * rows)
-    data[...] = rng.normal(0.0, std, data.shape)
+    fill_normal(data, 0.0, std, rng)
     if num_zeros and cols:
         # an independent random permutation of the rows per column; its first num_zeros go to 0
         order = rng.permuted(np.broadcast_to(np.arange(rows)[:, None], (rows, cols)), axis=0)

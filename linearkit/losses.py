@@ -25,7 +25,7 @@ import numpy as np
 from . import functional as F
 from .backend import fast
 from .core.module import Module
-from .errors import DTypeError, Located, ShapeError
+from .errors import ClassIndexError, DTypeError, Located, ShapeError
 
 __all__ = ["BCELoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "HuberLoss", "KLDivLoss", "L1Loss",
            "MSELoss", "NLLLoss", "SmoothL1Loss"]
@@ -199,7 +199,9 @@ class BCEWithLogitsLoss(_Loss):
     pos_weight : array, optional
         Weight of the positive term, broadcast along the last (class) dimension, ``(C,)``.
 
-    Shape: pred ``(*)`` logits, target ``(*)`` in [0, 1] (same shape; bool/int 0-1 labels are
+    Shape
+    -----
+    pred ``(*)`` logits, target ``(*)`` in [0, 1] (same shape; bool/int 0-1 labels are
     cast to pred's dtype) -> loss ``()`` or ``(*)`` for ``'none'``.
     """
 
@@ -388,7 +390,7 @@ class CrossEntropyLoss(_Loss):
                     f"{int(values.min())})")
         else:
             hint = f"does the model's last layer have out_features={int(t.max()) + 1}?"
-        raise _LossValueError(
+        raise ClassIndexError(
             f"target holds class index {shown}, but pred has C={num_classes} classes "
             f"(valid: 0..{num_classes - 1}, or ignore_index={self.ignore_index} to skip an "
             "entry)", module=self, hint=hint)
@@ -662,7 +664,9 @@ class BCELoss(_Elementwise):
         Rescales each element's loss; broadcast against pred (e.g. ``(C,)`` or ``(N, 1)``).
     reduction : 'mean' (over all elements) | 'sum' | 'none'
 
-    Shape: pred ``(*)`` probabilities in [0, 1], target ``(*)`` in [0, 1] (same shape; bool/int
+    Shape
+    -----
+    pred ``(*)`` probabilities in [0, 1], target ``(*)`` in [0, 1] (same shape; bool/int
     0-1 labels are cast to pred's dtype) -> loss ``()`` or ``(*)`` for ``'none'``.
     """
 
@@ -718,7 +722,9 @@ class KLDivLoss(_Elementwise):
         for a 0-d pred), the KL divergence per sample.
     log_target : bool
 
-    Shape: pred ``(*)`` log-probabilities, target ``(*)`` (same shape; cast to pred's dtype) ->
+    Shape
+    -----
+    pred ``(*)`` log-probabilities, target ``(*)`` (same shape; cast to pred's dtype) ->
     loss ``()`` or ``(*)`` for ``'none'``. The gradient is ``-target`` (``-exp(target)``).
     """
 

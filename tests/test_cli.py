@@ -327,6 +327,26 @@ def test_help_shows_defaults_and_version_works(capsys):
     assert info.value.code == 0 and capsys.readouterr().out == f"linearkit {lk.__version__}\n"
 
 
+def test_the_help_names_every_experiment(capsys):
+    """The experiments are not installed, so the help lists them itself: an experiment added to
+    experiments/ without its name here fails this test."""
+    from experiments import EXPERIMENTS
+
+    from linearkit.cli.commands import REPOSITORY_EXPERIMENTS
+
+    assert sorted(REPOSITORY_EXPERIMENTS) == sorted(EXPERIMENTS)
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    epilog = " ".join(text[text.index("experiments:"):].split())
+    assert "python -m experiments NAME" in epilog and "not installed" in epilog
+    named = epilog.split("NAME one of ", 1)[1].split(";", 1)[0]
+    assert sorted(named.split(", ")) == sorted(EXPERIMENTS)
+    assert all(name in text.split() or f"{name}," in text.split() or f"{name};" in text.split()
+               for name in EXPERIMENTS)                  # a name is never broken at its hyphen
+
+
 def test_an_internal_error_is_shown_as_a_bug_with_its_traceback(monkeypatch, capsys):
     import linearkit.cli.commands as cli_module
 
@@ -341,46 +361,14 @@ def test_an_internal_error_is_shown_as_a_bug_with_its_traceback(monkeypatch, cap
                                          "command line and the traceback above")
 
 
-def _readme_python_blocks():
-    text = README.read_text(encoding="utf-8")
-    return [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
-
-
-def test_readme_snippets_run(tmp_path, monkeypatch, capsys):
-    blocks = _readme_python_blocks()
-    assert len(blocks) == 7 and "lk.load_model(" in blocks[1]
-    exec(compile(blocks[0], "README.md: a training step", "exec"), {})
-    # "Load saved weights back", on the file the README's first command writes.
+def test_train_saves_a_model_that_loads_back_with_the_accuracy_it_printed(tmp_path, monkeypatch,
+                                                                          capsys):
+    # README's "Load a saved model back" (its block runs in tests/test_docs_examples.py)
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--steps", "50", "--eval-every", "0"]) == 0
     printed = capsys.readouterr().out
     assert "weights saved to runs/mnist1d-mlp.safetensors" in printed
-    exec(compile(blocks[1], "README.md: load saved weights back", "exec"), {})
-    shown = float(capsys.readouterr().out)
-    assert f"test accuracy:  {shown:.1%}" in printed
-    # "From PyTorch and scikit-learn": both probes print True.
-    exec(compile(blocks[2], "README.md: from PyTorch and scikit-learn", "exec"), {})
-    assert capsys.readouterr().out.split() == ["True", "True"]
-    # "Model surgery": the merge's one-line summary, exact to float32 rounding.
-    scope = {}
-    exec(compile(blocks[3], "README.md: model surgery", "exec"), scope)
-    summary = capsys.readouterr().out
-    assert summary.startswith("merge_linear: 1 change") and scope["report"].max_rel_error < 1e-6
-    assert [type(m).__name__ for m in scope["merged"]] == ["Linear", "ReLU", "Linear"]
-    # "16-bit weights ...": a bf16 model, an accumulated scaled step, a range check.
-    scope = {}
-    exec(compile(blocks[4], "README.md: 16-bit weights", "exec"), scope)
-    assert capsys.readouterr().out.split() == ["True"]
-    assert scope["model"][0].weight.dtype.name == "bfloat16" and np.isfinite(scope["loss"])
-    # "Data and tensor parallelism over MPI", here as one rank (no mpirun): a plain step.
-    scope = {}
-    exec(compile(blocks[5], "README.md: MPI", "exec"), scope)
-    assert 1.5 < scope["loss"] < 3.5        # ~ln 10 at init: the full batch's loss, one step
-    assert [type(m).__name__ for m in scope["mlp"]] == ["ColumnParallelLinear", "GELU",
-                                                        "RowParallelLinear"]
-    # "Ask your model the three questions": the doctor finds the two Linears to merge.
-    scope = {}
-    exec(compile(blocks[6], "README.md: the three questions", "exec"), scope)
-    text = capsys.readouterr().out
-    assert "THE THREE QUESTIONS" in text and "lk.transforms.merge_linear(model)" in text
-    assert scope["report"].to_dict()["verdict"] == "healthy"
+    model = lk.load_model("runs/mnist1d-mlp.safetensors").eval()
+    data = lk.data.mnist1d()
+    accuracy = lk.loop.evaluate(model, data.x_test, data.y_test)["accuracy"]
+    assert f"test accuracy:  {accuracy:.1%}" in printed

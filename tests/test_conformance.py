@@ -12,11 +12,13 @@ To cover a new module, add one ``ModuleCase`` to ``linearkit.analysis.cases.MODU
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
 import linearkit as lk
-from linearkit.analysis.cases import MODULE_CASES, build
+from linearkit.analysis.cases import MODULE_CASES, build, inputs
 from linearkit.analysis.gradcheck import gradcheck
 
 torch = pytest.importorskip("torch")
@@ -81,13 +83,43 @@ class SparseLinear(tnn.Module):
                 f"nnz={self.nnz}, density={density:.3g}, bias=True")
 
 
+class LoopList(tnn.Module):
+    """The torch reference for ``linearkit.analysis.case_modules.LoopList``: ``tanh(layer(x))``
+    for each layer of an ``nn.ModuleList``, in order."""
+
+    def __init__(self, widths=(4, 6, 3)):
+        super().__init__()
+        self.layers = tnn.ModuleList([tnn.Linear(a, b) for a, b in itertools.pairwise(widths)])
+        self.act = tnn.Tanh()
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = self.act(layer(x))
+        return x
+
+
+class HeadsDict(tnn.Module):
+    """The torch reference for ``linearkit.analysis.case_modules.HeadsDict``: each head of an
+    ``nn.ModuleDict`` on the input, concatenated in key order."""
+
+    def __init__(self, in_features=4, outs=(("mean", 2), ("scale", 3))):
+        super().__init__()
+        self.heads = tnn.ModuleDict({name: tnn.Linear(in_features, n) for name, n in outs})
+
+    def forward(self, x):
+        return torch.cat([head(x) for head in self.heads.values()], dim=-1)
+
+
 class _TorchNamespace:
     """``torch.nn`` plus the references torch lacks (``Residual``, ``LoRALinear`` written out,
-    ``SparseLinear`` densified), for the case table's ``ref(nn)``."""
+    ``SparseLinear`` densified, the users' modules around a ModuleList / ModuleDict), for the
+    case table's ``ref(nn)``."""
 
     Residual = Residual
     LoRALinear = LoRALinear
     SparseLinear = SparseLinear
+    LoopList = LoopList
+    HeadsDict = HeadsDict
 
     def __getattr__(self, name):
         return getattr(tnn, name)
@@ -113,23 +145,37 @@ each_case = pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 
 
 # ----------------------------------------------------------------------------- helpers
-def _x(case, dtype, seed=0):
-    return np.random.default_rng(seed).standard_normal(case.shape).astype(dtype)
-
-
 def pair(case, dtype, seed=0):
-    """(module, ref, x): ``build``'s module and the torch reference of ``case`` in the same
-    mode and dtype, materialized by the same call, holding the module's weights and buffers."""
-    module, x = build(case, dtype, seed)
+    """(module, ref, xs): ``build``'s module and the torch reference of ``case`` in the same
+    mode and dtype, materialized by the same call, holding the module's weights and buffers;
+    ``xs`` the tuple of inputs (one array, or two for Bilinear)."""
+    module, *xs = build(case, dtype, seed)
     ref = case.ref(TNN).to(TORCH_DTYPE[np.dtype(dtype)]).train(case.train)
     with torch.no_grad():
-        ref(_t(x))
+        ref(*_ts(xs))
     ref.load_state_dict({k: _t(v) for k, v in module.state_dict().items()})
-    return module, ref, x
+    return module, ref, tuple(xs)
 
 
 def _t(a):
     return torch.from_numpy(np.array(a))
+
+
+def _ts(xs, grad=False) -> tuple:
+    """The inputs as torch tensors (leaves that require grad, with ``grad``)."""
+    return tuple(_t(x).requires_grad_(grad) for x in xs)
+
+
+def _grads(dx) -> tuple:
+    """A backward's input gradients as a tuple: a module of several inputs returns a tuple,
+    a one-input module its one array."""
+    return dx if isinstance(dx, tuple) else (dx,)
+
+
+def assert_input_grads_equal(dxs, ts):
+    assert len(dxs) == len(ts)
+    for i, (dx, t) in enumerate(zip(dxs, ts)):
+        torch.testing.assert_close(_t(dx), t.grad, msg=f"input {i}")
 
 
 def assert_state_equal(module, ref):
@@ -147,64 +193,67 @@ def assert_grads_equal(module, ref, **tol):
 
 
 class Twice(lk.Module):
-    """``m(x1) + m(x2)``: one module used twice in a graph, through two vjp closures."""
+    """``m(*a) + m(*b)``: one module used twice in a graph, through two vjp closures; the
+    first ``n`` inputs are the first call's, the rest the second's. The backward returns every
+    input's gradient, in order."""
 
-    def __init__(self, m):
+    def __init__(self, m, n=1):
         super().__init__()
-        self.m = m
+        self.m, self.n = m, n
 
-    def forward(self, x1, x2):
-        return self.m(x1) + self.m(x2)
+    def forward(self, *xs):
+        return self.m(*xs[:self.n]) + self.m(*xs[self.n:])
 
-    def vjp(self, x1, x2, input_grad=True):
-        y1, back1 = self.m.vjp(x1, input_grad=input_grad)
-        y2, back2 = self.m.vjp(x2, input_grad=input_grad)
-        return y1 + y2, lambda dy: (back1(dy), back2(dy))
+    def vjp(self, *xs, input_grad=True):
+        y1, back1 = self.m.vjp(*xs[:self.n], input_grad=input_grad)
+        y2, back2 = self.m.vjp(*xs[self.n:], input_grad=input_grad)
+        return y1 + y2, lambda dy: (*_grads(back1(dy)), *_grads(back2(dy)))
 
 
 # ----------------------------------------------------------------------------- generic tests
 @each_case
 @both_dtypes
 def test_forward_matches_torch(case, dtype):
-    module, ref, x = pair(case, dtype)
-    y = module(x)
-    torch.testing.assert_close(_t(y), ref(_t(x)))
+    module, ref, xs = pair(case, dtype)
+    y = module(*xs)
+    torch.testing.assert_close(_t(y), ref(*_ts(xs)))
     assert_state_equal(module, ref)  # running statistics updated alike
 
 
 @each_case
 @both_dtypes
 def test_backward_matches_torch(case, dtype):
-    module, ref, x = pair(case, dtype)
-    y, backward = module.vjp(x)
+    module, ref, xs = pair(case, dtype)
+    y, backward = module.vjp(*xs)
     dy = np.random.default_rng(1).standard_normal(y.shape).astype(dtype)
-    dx = backward(dy)
-    xt = _t(x).requires_grad_(True)
-    ref(xt).backward(_t(dy))
-    torch.testing.assert_close(_t(dx), xt.grad)
+    dxs = _grads(backward(dy))
+    ts = _ts(xs, grad=True)
+    ref(*ts).backward(_t(dy))
+    assert_input_grads_equal(dxs, ts)
     assert_grads_equal(module, ref)
 
 
 @each_case
 def test_gradcheck_float64(case):
-    module, x = build(case, np.float64)
-    gradcheck(module, x, raise_on_failure=True)
+    module, *xs = build(case, np.float64)
+    gradcheck(module, *xs, raise_on_failure=True)
 
 
 @each_case
 @both_dtypes
 def test_output_and_grad_shapes_and_dtypes(case, dtype):
-    module, ref, x = pair(case, dtype)
-    expected = tuple(ref(_t(x)).shape)
-    y = module(x)
-    y_vjp, backward = module.vjp(x)
+    module, ref, xs = pair(case, dtype)
+    expected = tuple(ref(*_ts(xs)).shape)
+    y = module(*xs)
+    y_vjp, backward = module.vjp(*xs)
     np.testing.assert_array_equal(y_vjp, y)  # vjp's forward is the forward
     assert y_vjp.shape == expected and y_vjp.dtype == dtype
-    dx = backward(np.ones_like(y_vjp))
-    assert dx.shape == x.shape and dx.dtype == dtype
+    dxs = _grads(backward(np.ones_like(y_vjp)))
+    assert [dx.shape for dx in dxs] == [x.shape for x in xs]
+    assert all(dx.dtype == dtype for dx in dxs)
     for name, p in module.named_parameters():
         assert p.grad.shape == p.shape and p.grad.dtype == p.dtype == dtype, name
-    _, backward = module.vjp(x, input_grad=False)
+    _, backward = module.vjp(*xs, input_grad=False)
     assert backward(np.ones_like(y_vjp)) is None
 
 
@@ -223,7 +272,7 @@ def test_repr_matches_torch(case):
 
 @each_case
 def test_state_dict_keys_and_round_trip(case):
-    module, ref, x = pair(case, np.float64)
+    module, ref, xs = pair(case, np.float64)
     assert list(module.state_dict()) == list(case.ref(TNN).state_dict())
     for source in (module.state_dict(), ref.state_dict()):  # ours, and torch's tensors
         fresh = case.make(np.dtype(np.float64), np.random.default_rng(99))
@@ -231,7 +280,7 @@ def test_state_dict_keys_and_round_trip(case):
         assert list(result.missing_keys) == [] and list(result.unexpected_keys) == []
         module.eval()
         fresh.eval()
-        np.testing.assert_array_equal(fresh(x), module(x))
+        np.testing.assert_array_equal(fresh(*xs), module(*xs))
         for key, value in fresh.state_dict().items():
             np.testing.assert_array_equal(np.asarray(value), np.asarray(source[key]), err_msg=key)
 
@@ -239,17 +288,18 @@ def test_state_dict_keys_and_round_trip(case):
 @pytest.mark.parametrize("case", [c for c in CASES if c.unbatched],
                          ids=[c.id for c in CASES if c.unbatched])
 def test_batched_vs_unbatched(case):
-    module, x = build(case, np.float64)
-    dy = np.random.default_rng(1).standard_normal(module(x).shape)
-    y, backward = module.vjp(x)
+    module, *xs = build(case, np.float64)
+    dy = np.random.default_rng(1).standard_normal(module(*xs).shape)
+    y, backward = module.vjp(*xs)
     full = np.zeros_like(dy)
     full[0] = dy[0]
-    dx = backward(full)
+    dxs = _grads(backward(full))
     batched = {n: p.grad.copy() for n, p in module.named_parameters()}
     module.zero_grad()
-    y0, backward0 = module.vjp(x[0])
+    y0, backward0 = module.vjp(*(x[0] for x in xs))
     np.testing.assert_allclose(y0, y[0], rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(backward0(dy[0]), dx[0], rtol=1e-12, atol=1e-12)
+    for dx0, dx in zip(_grads(backward0(dy[0])), dxs, strict=True):
+        np.testing.assert_allclose(dx0, dx[0], rtol=1e-12, atol=1e-12)
     for name, p in module.named_parameters():
         np.testing.assert_allclose(p.grad, batched[name], rtol=1e-12, atol=1e-12, err_msg=name)
 
@@ -257,17 +307,16 @@ def test_batched_vs_unbatched(case):
 @each_case
 @both_dtypes
 def test_reuse_twice_sums_gradients(case, dtype):
-    module, ref, x1 = pair(case, dtype)
-    x2 = _x(case, dtype, seed=2)
-    y, backward = Twice(module).vjp(x1, x2)
+    module, ref, xs1 = pair(case, dtype)
+    xs2 = inputs(case, dtype, seed=2)
+    y, backward = Twice(module, len(xs1)).vjp(*xs1, *xs2)
     dy = np.random.default_rng(3).standard_normal(y.shape).astype(dtype)
-    dx1, dx2 = backward(dy)
-    t1, t2 = _t(x1).requires_grad_(True), _t(x2).requires_grad_(True)
-    yt = ref(t1) + ref(t2)
+    dxs = backward(dy)
+    t1, t2 = _ts(xs1, grad=True), _ts(xs2, grad=True)
+    yt = ref(*t1) + ref(*t2)
     yt.backward(_t(dy))
     torch.testing.assert_close(_t(y), yt.detach())
-    torch.testing.assert_close(_t(dx1), t1.grad)
-    torch.testing.assert_close(_t(dx2), t2.grad)
+    assert_input_grads_equal(dxs, t1 + t2)
     assert_grads_equal(module, ref)
     assert_state_equal(module, ref)
 
@@ -282,11 +331,10 @@ def test_every_shipped_module_has_a_case():
         covered.update(type(m).__name__ for m in module.modules())
     covered.update(c.id for c in CASES)
     # QuantizedLinear has no backward (int8 storage, inference only: its vjp refuses, and
-    # tests/test_transforms_quantize.py checks it against torch's quantization); ModuleList
-    # and ModuleDict have no forward, as in torch (tests/test_module_list.py checks them).
+    # tests/test_transforms_quantize.py checks it against torch's quantization). ModuleList
+    # and ModuleDict have no forward, as in torch: their cases wrap them in a user's module.
     shipped = {name for name in layers.__all__ if isinstance(getattr(layers, name), type)
-               and issubclass(getattr(layers, name), lk.Module)} - {"QuantizedLinear",
-                                                                  "ModuleList", "ModuleDict"}
+               and issubclass(getattr(layers, name), lk.Module)} - {"QuantizedLinear"}
     assert shipped <= covered, shipped - covered
 
 
@@ -316,17 +364,17 @@ class _GemmShapes:
 def test_a_frozen_parameter_gets_no_gradient_and_costs_no_gemm(case, monkeypatch):
     names = [n for n, _ in build(case)[0].named_parameters()]
     for frozen in names:
-        module, ref, x = pair(case, np.float64)
+        module, ref, xs = pair(case, np.float64)
         dict(module.named_parameters())[frozen].requires_grad = False
         dict(ref.named_parameters())[frozen].requires_grad_(False)
-        y, backward = module.vjp(x)
+        y, backward = module.vjp(*xs)
         dy = np.random.default_rng(1).standard_normal(y.shape)
         gemms = _GemmShapes(monkeypatch)
-        dx = backward(dy)
+        dxs = _grads(backward(dy))
         monkeypatch.undo()
-        xt = _t(x).requires_grad_(True)
-        ref(xt).backward(_t(dy))
-        torch.testing.assert_close(_t(dx), xt.grad)
+        ts = _ts(xs, grad=True)
+        ref(*ts).backward(_t(dy))
+        assert_input_grads_equal(dxs, ts)
         for name, p in module.named_parameters():
             if name == frozen:
                 assert p.grad is None, f"frozen {name} got a gradient"
@@ -338,8 +386,8 @@ def test_a_frozen_parameter_gets_no_gradient_and_costs_no_gemm(case, monkeypatch
 
 @each_case_with_params
 def test_what_to_differentiate_is_fixed_when_the_forward_runs(case):
-    module, x = build(case)
-    y, backward = module.vjp(x)
+    module, *xs = build(case)
+    y, backward = module.vjp(*xs)
     dy = np.random.default_rng(1).standard_normal(y.shape)
     module.requires_grad_(False)  # frozen between vjp and backward: this backward still writes
     backward(dy)
@@ -347,13 +395,13 @@ def test_what_to_differentiate_is_fixed_when_the_forward_runs(case):
     assert all(g is not None for g in expected.values())
     module.zero_grad()
     module.requires_grad_(True)
-    _, backward = module.vjp(x)
+    _, backward = module.vjp(*xs)
     backward(dy)
     for name, p in module.named_parameters():
         np.testing.assert_array_equal(p.grad, expected[name], err_msg=name)
     module.zero_grad()
     module.requires_grad_(False)
-    _, backward = module.vjp(x)
+    _, backward = module.vjp(*xs)
     module.requires_grad_(True)  # unfrozen after the forward: this backward writes nothing
     backward(dy)
     assert all(p.grad is None for p in module.parameters())
@@ -361,8 +409,8 @@ def test_what_to_differentiate_is_fixed_when_the_forward_runs(case):
 
 @each_case
 def test_a_backward_closure_runs_once(case):
-    module, x = build(case)
-    y, backward = module.vjp(x)
+    module, *xs = build(case)
+    y, backward = module.vjp(*xs)
     backward(np.ones_like(y))
     with pytest.raises(lk.BackwardError, match="already called"):
         backward(np.ones_like(y))

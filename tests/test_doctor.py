@@ -289,6 +289,31 @@ def test_a_torch_module_linearkit_cannot_read_is_named_and_the_rest_answered(bat
     assert "could not read" in report.text()
 
 
+def test_a_torch_module_list_is_examined_child_by_child(batch):
+    torch = pytest.importorskip("torch")
+
+    class Loop(torch.nn.Module):  # never calls its ModuleList, only the layers in it
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(40, 32), torch.nn.Linear(32, 10)])
+
+        def forward(self, x):
+            return self.layers[1](torch.relu(self.layers[0](x)))
+
+    x, y = batch
+    torch.manual_seed(0)
+    net = Loop()
+    report = doctor(net, x, y)
+    assert report.model["pieces"] == ["layers.0", "layers.1"]
+    assert [u["path"] for u in report.model["unread"]] == [""]  # Loop's own forward only
+    assert not any("no gradient reached" in note for note in report.notes)
+    net.zero_grad()
+    out = net(torch.from_numpy(x))
+    torch.nn.functional.cross_entropy(out, torch.from_numpy(y).long()).backward()
+    assert report.health.layer("layers.0").param_grad_norms["weight"] == pytest.approx(
+        float(net.layers[0].weight.grad.norm()), rel=1e-5)
+
+
 # ---------------------------------------------------------------------------- sections
 def test_precision_readiness_reuses_range_check(trained, batch):
     x, y = batch

@@ -51,9 +51,9 @@ def test_bias_grad_other_dtypes_keep_the_reduction():
 
 def test_bias_grad_inf_and_nan_propagate():
     dy = np.array([[np.inf, 1.0, np.nan], [1.0, -np.inf, 2.0], [np.inf, np.inf, 3.0]], np.float32)
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore"):  # inf + -inf is NaN, on purpose: no RuntimeWarning
         expected = dy.sum(axis=0)
-    np.testing.assert_array_equal(F.linear_bias_grad(dy), expected)
+        np.testing.assert_array_equal(F.linear_bias_grad(dy), expected)
 
 
 def test_bias_grad_one_row_is_the_row():

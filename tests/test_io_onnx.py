@@ -234,6 +234,60 @@ def test_a_users_rule_makes_its_type_exportable(tmp_path):
     assert rule_for(Scale) is None
 
 
+class Loop(lk.Module):
+    """x (*, 4) -> y (*, 4): ``tanh(layer(x))`` for each layer of a ModuleList, in order."""
+
+    def __init__(self, n=3):
+        super().__init__()
+        self.layers = lk.ModuleList([lk.Linear(4, 4) for _ in range(n)])
+        self.act = lk.Tanh()
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = self.act(layer(x))
+        return x
+
+
+def _emit_loop(m, g, x):
+    """Loop's forward, written out: each held layer in order, then the shared Tanh."""
+    for i, layer in enumerate(m.layers):
+        x = g.visit(m.act, "act", g.visit(layer, f"layers.{i}", x))
+    return x
+
+
+def test_a_module_list_exports_through_the_module_that_calls_it(tmp_path):
+    from linearkit.rules import LayerRule
+
+    lk.manual_seed(4)
+    model = Loop()
+    with pytest.raises(OnnxExportError, match=r"model \(Loop\): no ONNX rule"):
+        export_onnx(model, tmp_path / "m.onnx", (2, 4))
+    with register_rule(Loop, LayerRule(kind="loop", onnx=_emit_loop)):
+        path = export_onnx(model, tmp_path / "m.onnx", (2, 4))
+    names = [node.name for node in onnx.load(str(path)).graph.node]
+    assert [n for n in names if n.endswith("gemm")] == [f"layers.{i}/gemm" for i in range(3)]
+    x = randn(5, 4)
+    for engine in ("reference",) + (("onnxruntime",) if onnxruntime is not None else ()):
+        np.testing.assert_allclose(run_onnx(path, x, engine), model(x), **F32)
+
+
+def test_a_module_list_or_dict_itself_is_refused_by_path(tmp_path):
+    from linearkit.rules import LayerRule
+
+    held = lk.Sequential(lk.Linear(5, 4), lk.ModuleList([lk.ReLU()]))
+    with pytest.raises(OnnxExportError, match=r"(?s)module '1' \(ModuleList\): a ModuleList "
+                                              r"has no forward.*hint: export the module that "
+                                              r"holds the ModuleList"):
+        export_onnx(held, tmp_path / "m.onnx", (2, 5))
+    with pytest.raises(OnnxExportError, match=r"model \(ModuleDict\): a ModuleDict has no forward"):
+        export_onnx(lk.ModuleDict({"a": lk.Linear(5, 4)}), tmp_path / "m.onnx", (2, 5))
+    whole = LayerRule(kind="loop", onnx=lambda m, g, x: g.visit(m.layers, "layers", x))
+    refused = r"module 'layers' \(ModuleList\): a ModuleList has no forward"
+    with register_rule(Loop, whole), pytest.raises(OnnxExportError, match=refused):
+        export_onnx(Loop(), tmp_path / "m.onnx", (2, 4))  # the emitter visits the list itself
+    assert not (tmp_path / "m.onnx").exists()
+
+
 def test_export_is_atomic_and_keeps_an_old_file_on_failure(tmp_path):
     path = tmp_path / "m.onnx"
     export_onnx(lk.Linear(5, 3), path, (4, 5))

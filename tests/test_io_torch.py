@@ -160,18 +160,22 @@ def test_mixed_modes_are_copied_per_module():
     assert _modes(to_torch(model)) == _modes(tm)
 
 
-def test_module_list_inside_sequential_becomes_a_chain_with_the_same_keys():
+def test_module_list_inside_sequential_stays_a_module_list_with_the_same_keys():
     tm = nn.Sequential(nn.Linear(4, 5), nn.ModuleList([nn.ReLU(), nn.Linear(5, 2)]))
     model = from_torch(tm)
-    assert isinstance(model[1], lk.Sequential)
+    assert type(model[1]) is lk.ModuleList and repr(model) == repr(tm)
     assert list(model.state_dict()) == list(tm.state_dict()) == [
         "0.weight", "0.bias", "1.1.weight", "1.1.bias"]
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    with pytest.raises(NotImplementedError, match="ModuleList"):  # neither side can run it
+        tm(torch.from_numpy(x))
+    with pytest.raises(NotImplementedError, match="ModuleList"):
+        model(x)
     expected = tm[1][1](tm[1][0](tm[0](torch.from_numpy(x))))  # the loop a ModuleList means
-    assert_close(model(x), expected.detach().numpy())
+    assert_close(model[1][1](model[1][0](model[0](x))), expected.detach().numpy())
     back = to_torch(model)
-    assert isinstance(back[1], nn.Sequential)
-    assert_close(back(torch.from_numpy(x)), expected)
+    assert type(back[1]) is nn.ModuleList
+    assert_close(back[1][1](back[1][0](back[0](torch.from_numpy(x)))), expected)
 
 
 def test_residual_maps_to_a_torch_residual_and_back():

@@ -318,3 +318,22 @@ def test_property_matches_torch_float64(shape, seed, name, reduction):
         target = np.abs(target)
         ours, theirs = KLDivLoss(reduction), torch.nn.KLDivLoss(reduction=reduction)
     _compare(ours, theirs, pred, target, seed=seed)
+
+
+@pytest.mark.parametrize("name", ["CrossEntropyLoss", "NLLLoss"])
+@pytest.mark.parametrize("target, bad", [([0, 1, 4], 4), ([0, -1, 2], -1), ([7, 9, 8], 7),
+                                         ([[0, 1], [4, 1], [0, 0]], 4)])
+def test_an_out_of_range_class_index_is_a_public_index_error_as_in_torch(name, target, bad):
+    import linearkit as lk
+
+    target = np.array(target)
+    pred = np.zeros((3, 4) if target.ndim == 1 else (3, 4, 2))
+    with pytest.raises(IndexError, match=f"Target {bad} is out of bounds"):  # torch's type
+        getattr(torch.nn, name)()(torch.from_numpy(pred), torch.from_numpy(target))
+    with pytest.raises(lk.ClassIndexError) as err:
+        getattr(lk, name)()(pred, target)
+    assert isinstance(err.value, IndexError) and isinstance(err.value, ValueError)
+    assert f"class index {bad}" in str(err.value) and "valid: 0..3" in str(err.value)
+    assert str(err.value).startswith(f"{name}(): ")
+    assert lk.ClassIndexError.__module__ == "linearkit.errors"
+    getattr(lk, name)(ignore_index=bad)(pred, np.where(target == bad, bad, 0))  # ignored: fine

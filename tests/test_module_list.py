@@ -216,3 +216,97 @@ def test_model_files_rebuild_them(tmp_path):
     assert repr(again) == repr(model)
     for key, value in model.state_dict().items():
         np.testing.assert_array_equal(again.state_dict()[key], value)
+    for other in (lk.ModuleList(), lk.ModuleDict(),
+                  lk.ModuleList([lk.Linear(2, 2, dtype=np.float64)]),
+                  lk.Sequential(lk.Linear(2, 2), lk.ModuleDict({"z": lk.Tanh()}))):
+        lk.save(other, path)
+        again = lk.load_model(path)
+        assert type(again) is type(other) and repr(again) == repr(other)
+        _same_weights(again, other)
+
+
+# ------------------------------------------------------------------ torch twins
+def _same_weights(a, b):
+    """``a`` and ``b`` (either side's) hold the same keys, in order, with equal values."""
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb)
+    for key in sa:
+        np.testing.assert_array_equal(np.asarray(sa[key]), np.asarray(sb[key]), err_msg=key)
+
+
+def test_to_torch_makes_torch_containers_and_from_torch_gives_them_back():
+    from linearkit.io import from_torch, to_torch
+
+    lk.manual_seed(6)
+    shared = lk.Linear(3, 3, dtype=np.float64)
+    model = lk.ModuleDict({"enc": lk.Linear(2, 3, dtype=np.float64), "heads": lk.ModuleList(
+        [shared, lk.ReLU(), shared, lk.Linear(3, 2, dtype=np.float64)])})
+    model["heads"][3].weight.requires_grad = False
+    model["enc"].eval()
+    tm = to_torch(model)
+    assert type(tm) is nn.ModuleDict and type(tm["heads"]) is nn.ModuleList
+    assert list(tm) == ["enc", "heads"] and repr(tm) == repr(model)
+    assert tm["heads"][0] is tm["heads"][2]                      # still one module
+    assert tm["heads"][0].weight.dtype == torch.float64
+    assert not tm["heads"][3].weight.requires_grad and not tm["enc"].training
+    _same_weights(model, tm)
+    back = from_torch(tm)
+    assert type(back) is lk.ModuleDict and type(back["heads"]) is lk.ModuleList
+    assert back["heads"][0] is back["heads"][2] and repr(back) == repr(model)
+    assert not back["heads"][3].weight.requires_grad and not back["enc"].training
+    _same_weights(back, model)
+    bare = lk.ModuleList([lk.Linear(2, 3), lk.Linear(3, 1)])
+    assert type(to_torch(bare)) is nn.ModuleList and type(from_torch(to_torch(bare))) is \
+        lk.ModuleList
+    _same_weights(from_torch(to_torch(bare)), bare)
+    assert len(to_torch(lk.ModuleList())) == 0 and len(from_torch(nn.ModuleDict())) == 0
+
+
+class Heads(lk.Module):
+    """x (*, 2) -> y (*, 3): ``relu(trunk(x))`` into each head of a ModuleList, concatenated."""
+
+    def __init__(self, trunk=None, heads=None):
+        super().__init__()
+        self.trunk = trunk if trunk is not None else lk.Linear(2, 4)
+        self.heads = heads if heads is not None else lk.ModuleList(
+            [lk.Linear(4, 1), lk.Linear(4, 2)])
+
+    def forward(self, x):
+        h = np.maximum(self.trunk(x), 0)
+        return np.concatenate([head(h) for head in self.heads], axis=-1)
+
+
+class TorchHeads(nn.Module):
+    """The torch twin of ``Heads``: the same children under the same names."""
+
+    def __init__(self, trunk, heads):
+        super().__init__()
+        self.trunk, self.heads = trunk, heads
+
+    def forward(self, x):
+        h = torch.relu(self.trunk(x))
+        return torch.cat([head(h) for head in self.heads], dim=-1)
+
+
+def test_a_custom_module_holding_a_module_list_round_trips_once_its_rule_names_a_twin():
+    from linearkit.io import from_torch, to_torch
+    from linearkit.rules import LayerRule, TorchTwin, register_rule
+
+    lk.manual_seed(7)
+    model = Heads()
+    with pytest.raises(lk.FormatError, match=r"root linearkit module \(Heads\) has no torch"):
+        to_torch(model)                                          # no rule: no twin
+    twin = TorchTwin(f"{__name__}.TorchHeads",
+                     build=lambda cls, children: cls(children["trunk"], children["heads"]))
+    with register_rule(Heads, LayerRule(kind="heads", torch=twin)):
+        tm = to_torch(model)
+        assert type(tm) is TorchHeads and type(tm.heads) is nn.ModuleList
+        _same_weights(model, tm)
+        x = np.random.default_rng(0).standard_normal((5, 2)).astype(np.float32)
+        with torch.no_grad():
+            np.testing.assert_allclose(tm(torch.from_numpy(x)).numpy(), model(x), rtol=1e-6,
+                                       atol=1e-6)
+        back = from_torch(tm)
+        assert type(back) is Heads and type(back.heads) is lk.ModuleList
+        _same_weights(back, model)
+        np.testing.assert_array_equal(back(x), model(x))

@@ -1,4 +1,5 @@
-"""LayerNorm and BatchNorm1d against torch.nn: forward, every gradient, running statistics."""
+"""LayerNorm, RMSNorm and BatchNorm1d against torch.nn: forward, every gradient, running
+statistics."""
 
 import numpy as np
 import pytest
@@ -115,6 +116,122 @@ def test_layer_norm_errors_and_repr():
         lk.LayerNorm(2.5)
     with pytest.raises(ValueError):
         lk.LayerNorm((4, -1))
+
+
+# ----------------------------------------------------------------------------- RMSNorm
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, normalized", [
+    ((4, 8), 8), ((2, 3, 8), (8,)), ((2, 3, 4, 5), (4, 5)), ((6,), 6), ((3, 4, 5), (3, 4, 5)),
+    ((0, 8), 8), ((5, 1), 1),
+])
+@pytest.mark.parametrize("kwargs", [{}, {"eps": 1e-3}, {"elementwise_affine": False}])
+def test_rms_norm_matches_torch(dtype, shape, normalized, kwargs):
+    rng = np.random.default_rng(0)
+    ours, theirs = pair("RMSNorm", dtype, rng, normalized, **kwargs)
+    x, dy = data(rng, shape, dtype), data(rng, shape, dtype, 1.0, 0.0)
+    y, dx = run_both(ours, theirs, x, dy)
+    assert y.dtype == dx.dtype == dtype and y.shape == dx.shape == shape
+    np.testing.assert_array_equal(ours(x), y)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    assert repr(ours) == repr(theirs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_float64_within_1e_12_of_torch(dtype):
+    rng = np.random.default_rng(3)
+    ours, theirs = pair("RMSNorm", np.float64, rng, (3, 4))
+    x, dy = data(rng, (5, 3, 4), np.float64), data(rng, (5, 3, 4), np.float64, 1.0, 0.0)
+    run_both(ours, theirs, x, dy, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_eps_none_is_the_compute_dtypes_machine_epsilon(dtype):
+    """eps=None is torch.finfo(float32).eps for float32, finfo(float64).eps for float64: on
+    inputs whose mean square is near it the choice shows, and ours is torch's."""
+    scale = 1e-4 if dtype == np.float32 else 1e-8
+    x = data(np.random.default_rng(4), (3, 6), dtype, scale=scale, shift=0.0)
+    ours, theirs = lk.RMSNorm(6, dtype=dtype), torch.nn.RMSNorm(6, dtype=TORCH[dtype])
+    close(ours(x), theirs(torch.from_numpy(x)))
+    eps = float(np.finfo(dtype).eps)
+    other = float(np.finfo(np.float64 if dtype == np.float32 else np.float32).eps)
+    np.testing.assert_array_equal(ours(x), F.rms_norm(x, (6,), ours.weight.data, eps))
+    assert np.abs(F.rms_norm(x, (6,), None, other) - ours(x)).max() > 0.1  # it matters here
+
+
+def test_rms_norm_functional_matches_torch():
+    rng = np.random.default_rng(5)
+    x, w = data(rng, (4, 2, 5), np.float64), data(rng, (2, 5), np.float64)
+    t = torch.from_numpy(x)
+    for eps in (None, 1e-6, 0.5):
+        close(F.rms_norm(x, (2, 5), w, eps), torch.nn.functional.rms_norm(
+            t, (2, 5), torch.from_numpy(w), eps), rtol=1e-12, atol=1e-12)
+    close(F.rms_norm(x, (5,)), torch.nn.functional.rms_norm(t, (5,)), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype, scale", [(np.float32, 1e30), (np.float64, 1e200),
+                                          (np.float64, 1e-200)])
+def test_rms_norm_is_exact_where_the_mean_square_overflows_or_underflows(dtype, scale):
+    """float32 squares overflow beyond ~1.8e19 (torch's float32 RMSNorm then returns zeros);
+    float64 ones beyond ~1e154, and underflow near 1e-162. The result is the scaled input's,
+    as the math says (eps 0: RMSNorm is scale-invariant), and so is dx, divided by the scale."""
+    rng = np.random.default_rng(6)
+    x, dy = data(rng, (4, 8), np.float64), data(rng, (4, 8), np.float64, 1.0, 0.0)
+    ours = lk.RMSNorm(8, eps=0.0, dtype=dtype)
+    y, backward = ours.vjp((x * scale).astype(dtype))
+    dx = backward(dy.astype(dtype))
+    x_t = torch.from_numpy(x).requires_grad_()
+    y_t = torch.nn.functional.rms_norm(x_t, (8,), eps=0.0)
+    y_t.backward(torch.from_numpy(dy))
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == np.float32 else {"rtol": 1e-12, "atol": 0}
+    np.testing.assert_allclose(y, y_t.detach().numpy(), **tol)
+    np.testing.assert_allclose(dx * scale, x_t.grad.numpy(), **tol)
+    if dtype == np.float32:  # torch's own float32 answer is zeros: its squares overflow
+        big = torch.from_numpy((x * scale).astype(np.float32))
+        assert torch.nn.RMSNorm(8, eps=0.0)(big).abs().max() == 0
+
+
+def test_rms_norm_errors_repr_and_init():
+    rn = lk.RMSNorm(8)
+    assert rn.normalized_shape == (8,) and lk.RMSNorm([2, 3]).normalized_shape == (2, 3)
+    assert repr(rn) == "RMSNorm((8,), eps=None, elementwise_affine=True)"
+    assert repr(lk.RMSNorm((2, 3), 1e-3, False)) == repr(torch.nn.RMSNorm((2, 3), 1e-3, False))
+    np.testing.assert_array_equal(rn.weight.data, np.ones(8, np.float32))
+    assert list(rn.state_dict()) == ["weight"] and lk.RMSNorm(8, elementwise_affine=False) \
+        .state_dict() == {}
+    with pytest.raises(ShapeError, match=r"RMSNorm.*expected input of shape \(\*, 8\), got "
+                                         r"\(8, 3\)") as e:
+        rn(np.zeros((8, 3), np.float32))
+    assert "RMSNorm normalizes the last dimension" in str(e.value)
+    assert "np.moveaxis(x, 0, -1)" in str(e.value)
+    with pytest.raises(ShapeError):
+        rn.vjp(np.zeros((2, 7), np.float32))
+    with pytest.raises(ShapeError):
+        lk.RMSNorm((2, 3))(np.zeros(3, np.float32))
+    with pytest.raises(DTypeError):
+        rn(np.zeros((2, 8), np.float64))
+    with pytest.raises(TypeError, match="eps must be a float or None"):
+        lk.RMSNorm(8, eps="1e-5")
+    with pytest.raises(ValueError):
+        lk.RMSNorm((4, -1))
+    rn.weight.data[...] = 3.0
+    rn.reset_parameters()
+    np.testing.assert_array_equal(rn.weight.data, np.ones(8, np.float32))
+
+
+@pytest.mark.parametrize("storage", ["float16", "bfloat16"])
+def test_rms_norm_16bit_storage_computes_in_float32(storage):
+    """16-bit storage: float32 inputs, float32 compute (eps=None is float32's) and output, as
+    torch's float32 RMSNorm with the rounded weight; the weight's gradient is float32."""
+    rng = np.random.default_rng(7)
+    ours = lk.RMSNorm(6)
+    ours.weight.data[...] = rng.uniform(0.5, 1.5, 6)
+    ours.to(lk.precision.storage_dtype(storage))
+    theirs = torch.nn.RMSNorm(6)
+    with torch.no_grad():
+        theirs.weight.copy_(torch.from_numpy(ours.weight.data.astype(np.float32)))
+    x, dy = data(rng, (4, 6), np.float32), data(rng, (4, 6), np.float32, 1.0, 0.0)
+    y, dx = run_both(ours, theirs, x, dy, rtol=1e-5, atol=1e-5)
+    assert y.dtype == dx.dtype == ours.weight.grad.dtype == np.float32
 
 
 # ----------------------------------------------------------------------------- BatchNorm1d

@@ -387,8 +387,10 @@ def _builtin_layers() -> list[type]:
 
 
 def _examples():
-    """One linearkit instance per built-in layer type with a torch twin, and its input."""
+    """One linearkit instance per built-in layer type with a torch twin, and its input (a
+    tuple of inputs for Bilinear)."""
     x2 = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    x3 = np.random.default_rng(1).standard_normal((3, 5)).astype(np.float32)
     return {
         lk.Linear: (lambda: lk.Linear(4, 3), x2),
         lk.ReLU: (lk.ReLU, x2), lk.Tanh: (lk.Tanh, x2), lk.Sigmoid: (lk.Sigmoid, x2),
@@ -399,10 +401,24 @@ def _examples():
         lk.Dropout: (lambda: lk.Dropout(0.3).eval(), x2),
         lk.Flatten: (lambda: lk.Flatten(0), x2),
         lk.LayerNorm: (lambda: lk.LayerNorm(4), x2),
+        lk.RMSNorm: (lambda: lk.RMSNorm(4, eps=1e-4), x2),
+        lk.Bilinear: (lambda: lk.Bilinear(4, 5, 2), (x2, x3)),
         lk.BatchNorm1d: (lambda: lk.BatchNorm1d(4).eval(), x2),
         lk.Sequential: (lambda: lk.Sequential(lk.Linear(4, 4), lk.ReLU()), x2),
         lk.Residual: (lambda: lk.Residual(lk.Linear(4, 4)), x2),
+        # No input: they have no forward (NO_FORWARD), so the round trip checks what they hold.
+        lk.ModuleList: (lambda: lk.ModuleList([lk.Linear(4, 3), lk.ReLU(), lk.Linear(3, 2)]),
+                        None),
+        lk.ModuleDict: (lambda: lk.ModuleDict({"b": lk.Linear(4, 3), "a": lk.ModuleList(
+            [lk.Linear(3, 2)])}), None),
     }
+
+
+#: The containers that have no forward on either side, as in torch: a custom module calls their
+#: children. Their round trip cannot compare outputs; it checks that calling one raises
+#: NotImplementedError on both sides (so this exemption cannot hide a forward that broke), that
+#: the torch twin holds the same tree (its repr, its keys) and that the weights come back equal.
+NO_FORWARD = {lk.ModuleList, lk.ModuleDict}
 
 
 #: The torch class ``to_torch`` makes of each built-in layer (``TorchResidual``: by name).
@@ -427,11 +443,21 @@ def test_every_builtin_twin_round_trips_through_torch():
         model = make()
         tm = to_torch(model)
         assert type(tm) is cls, layer_type
-        with torch.no_grad():
-            np.testing.assert_allclose(tm(torch.from_numpy(x)).numpy(), model(x), rtol=1e-6,
-                                       atol=1e-6, err_msg=layer_type.__name__)
+        if layer_type in NO_FORWARD:
+            probe = np.zeros((1, 4), np.float32)
+            with pytest.raises(NotImplementedError, match="forward"):
+                model(probe)
+            with pytest.raises(NotImplementedError, match="forward"):
+                tm(torch.from_numpy(probe))
+            assert repr(tm) == repr(model) and list(tm.state_dict()) == list(model.state_dict())
+        else:
+            xs = x if isinstance(x, tuple) else (x,)
+            with torch.no_grad():
+                np.testing.assert_allclose(tm(*map(torch.from_numpy, xs)).numpy(), model(*xs),
+                                           rtol=1e-6, atol=1e-6, err_msg=layer_type.__name__)
         back = from_torch(tm)
         assert type(back) is layer_type and back.training == model.training
+        assert repr(back) == repr(model)
         assert list(back.state_dict()) == list(model.state_dict())
         for key, value in model.state_dict().items():
             np.testing.assert_array_equal(back.state_dict()[key], value)
@@ -442,8 +468,8 @@ def test_the_one_way_twins_and_the_ledgers_matches():
     from linearkit.io import from_torch
 
     nn = torch.nn
-    listed = from_torch(nn.ModuleList([nn.Linear(2, 3), nn.ReLU()]))
-    assert type(listed) is lk.Sequential and list(listed.state_dict()) == ["0.weight", "0.bias"]
+    listed = from_torch(nn.ModuleList([nn.Linear(2, 3), nn.ReLU()]))  # both ways, not a chain
+    assert type(listed) is lk.ModuleList and list(listed.state_dict()) == ["0.weight", "0.bias"]
 
     class Sub(nn.Linear):
         pass

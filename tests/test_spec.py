@@ -11,11 +11,14 @@ from linearkit.analysis.cases import MODULE_CASES, build
 from linearkit.io.spec import FORMAT, build_model, model_spec, spec_from_json
 from linearkit.rules import LayerRule, Rebuild, register_rule
 
+#: The cases whose top module is a layer (a user's module around a ModuleList has no rule).
+LAYER_CASES = [c for c in MODULE_CASES if not c.user_module]
 
-@pytest.mark.parametrize("case", MODULE_CASES, ids=[c.id for c in MODULE_CASES])
+
+@pytest.mark.parametrize("case", LAYER_CASES, ids=[c.id for c in LAYER_CASES])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 def test_every_case_rebuilds_from_its_json_spec(case, dtype):
-    model, x = build(case, dtype)
+    model, *xs = build(case, dtype)
     spec = json.loads(json.dumps(model_spec(model)))  # what a file holds
     rebuilt = build_model(spec)
     assert repr(rebuilt) == repr(model)
@@ -23,8 +26,19 @@ def test_every_case_rebuilds_from_its_json_spec(case, dtype):
     rebuilt.load_state_dict(model.state_dict())
     model.eval()
     rebuilt.eval()
-    np.testing.assert_array_equal(rebuilt(x), model(x))
+    np.testing.assert_array_equal(rebuilt(*xs), model(*xs))
     assert all(p.dtype == dtype for p in rebuilt.parameters())
+
+
+@pytest.mark.parametrize("case", [c for c in MODULE_CASES if c.user_module],
+                         ids=[c.id for c in MODULE_CASES if c.user_module])
+def test_a_users_module_has_no_spec_but_the_containers_it_holds_do(case):
+    model, _ = build(case)
+    with pytest.raises(TypeError, match=f"{type(model).__name__} cannot be described"):
+        model_spec(model)
+    for name, child in model.named_children():  # the ModuleList / ModuleDict itself rebuilds
+        rebuilt = build_model(json.loads(json.dumps(model_spec(child))))
+        assert type(rebuilt) is type(child) and repr(rebuilt) == repr(child), name
 
 
 def test_an_unmaterialized_lazy_linear_stays_lazy():

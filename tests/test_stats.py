@@ -294,6 +294,17 @@ def test_table_plot_and_markdown(tmp_path):
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_every_axis_of_the_plot_is_labelled():
+    pytest.importorskip("matplotlib")
+    from linearkit.analysis.stats_plot import report_figure
+
+    fig = report_figure(record_stats(deep_mlp(4, "small"), batch(), steps=1))
+    assert len(fig.axes) == 2
+    forward, backward = (ax.get_ylabel() for ax in fig.axes)
+    assert "std" in forward and "gradient norm" in backward and "log" in forward + backward
+    assert fig.axes[1].get_xlabel().startswith("layer")  # the shared x axis, under the bottom
+
+
 def test_find_flags_on_handmade_layers():
     from linearkit.analysis.stats import LayerStats
 

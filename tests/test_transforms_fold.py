@@ -333,3 +333,65 @@ def test_a_folded_model_saves_and_loads_as_plain_layers(tmp_path):
     assert again[0].weight is None
     x = _x(4)
     np.testing.assert_array_equal(again.eval()(x), new(x))
+
+
+# ---------------------------------------------------------------- RMSNorm
+def _rms(d, rng, dtype=np.float64, **kw):
+    norm = lk.RMSNorm(d, dtype=dtype, **kw)
+    norm.weight.data[...] = rng.uniform(0.5, 2.0, d) * rng.choice([-1, 1], d)
+    return norm
+
+
+@pytest.mark.parametrize("eps", [None, 1e-3])
+@pytest.mark.parametrize("bias", [True, False])
+def test_rmsnorm_weight_folds_into_the_following_linear_exactly(eps, bias):
+    rng = np.random.default_rng(11)
+    norm, lin = _rms(6, rng, eps=eps), lk.Linear(6, 3, bias=bias, dtype=np.float64, rng=rng)
+    model = lk.Sequential(norm, lin)
+    new, report = fold_norm(model)
+    assert isinstance(new[0], lk.RMSNorm) and new[0].weight is None and new[0].eps == eps
+    np.testing.assert_array_equal(new[1].weight.data, lin.weight.data * norm.weight.data)
+    if bias:  # an RMSNorm has no bias: the Linear's is unchanged
+        np.testing.assert_array_equal(new[1].bias.data, lin.bias.data)
+    else:
+        assert new[1].bias is None
+    assert report.layers == [{"path": "1", "folded": "0", "kind": "rmsnorm_weight",
+                              "params_before": 6 + 18 + 3 * bias, "params_after": 18 + 3 * bias}]
+    x = _x(6, rows=64, dtype=np.float64) * 5
+    y = model(x)
+    assert np.abs(new(x) - y).max() <= 8 * np.finfo(np.float64).eps * np.abs(y).max()
+    assert report.max_abs_error < 1e-13
+    t = torch.nn.Sequential(torch.nn.RMSNorm(6, eps=eps),
+                            torch.nn.Linear(6, 3, bias=bias)).double()
+    t.load_state_dict({k: torch.from_numpy(v) for k, v in model.state_dict().items()})
+    torch.testing.assert_close(torch.from_numpy(new(x)), t(torch.from_numpy(x)).detach(),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_rmsnorm_without_weight_or_over_other_dims_or_after_a_linear_is_left():
+    rng = np.random.default_rng(12)
+    plain = lk.Sequential(lk.RMSNorm(4, elementwise_affine=False), lk.Linear(4, 2))
+    new, report = fold_norm(plain)
+    assert report.changed == [] and report.left == []
+    wide = lk.Sequential(lk.Linear(4, 6), lk.RMSNorm((2, 6)), lk.Linear(6, 3))
+    folder = _Folder(wide, keep_batchnorm=False)
+    assert folder.edit("", wide.named_steps()) is None
+    assert folder.left == [
+        ("'1' (RMSNorm((2, 6))) . '2' (Linear(6, 3)): weight not folded: the RMSNorm's weight "
+         "spans (2, 6), not just the Linear's 6 input features")]
+    # a Linear's bias before an RMSNorm is not cancelled (no mean is subtracted): kept whole
+    after = lk.Sequential(lk.Linear(4, 6, rng=rng), _rms(6, rng, dtype=np.float32))
+    new, report = fold_norm(after)
+    assert report.changed == []
+    np.testing.assert_array_equal(new[0].bias.data, after[0].bias.data)
+
+
+def test_a_tied_rmsnorm_is_left_with_why():
+    rng = np.random.default_rng(13)
+    norm = _rms(4, rng)
+    model = lk.Sequential(lk.Sequential(norm, lk.Linear(4, 4, dtype=np.float64, rng=rng)),
+                          lk.Sequential(norm, lk.Linear(4, 2, dtype=np.float64, rng=rng)))
+    new, report = fold_norm(model)
+    assert report.changed == [] and all("not folded" in line for line in report.left)
+    x = _x(4, dtype=np.float64)
+    np.testing.assert_array_equal(new(x), model(x))

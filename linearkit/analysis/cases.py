@@ -17,8 +17,9 @@ import numpy as np
 
 from .. import layers as L
 from .. import losses
+from .case_modules import HeadsDict, LoopList
 
-__all__ = ["LOSS_CASES", "MODULE_CASES", "LossCase", "ModuleCase", "build"]
+__all__ = ["LOSS_CASES", "MODULE_CASES", "LossCase", "ModuleCase", "build", "inputs"]
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,11 @@ class ModuleCase:
 
     ``make(dtype, rng) -> Module``; ``ref(nn) -> torch.nn.Module`` with the same structure;
     ``shape`` a batched input shape; ``train`` the mode both run in; ``unbatched``: ``x[0]``
-    (one sample, batch dim dropped) is a valid input too.
+    (one sample, batch dim dropped) is a valid input too; ``user_module``: the top module is a
+    user's module holding a container without forward (``analysis.case_modules``), which has
+    no ``LayerRule`` (model files keep its weights without the architecture);
+    ``extra_shapes``: the shapes of the inputs after the first, for a module that takes several
+    (``Bilinear``: ``((5, 4),)``; its backward returns a tuple of input gradients).
     """
 
     id: str
@@ -36,6 +41,13 @@ class ModuleCase:
     shape: tuple
     train: bool = True
     unbatched: bool = True
+    user_module: bool = False
+    extra_shapes: tuple = ()
+
+    @property
+    def shapes(self) -> tuple:
+        """The shape of every input, the first one's (``shape``) first."""
+        return (self.shape, *self.extra_shapes)
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,16 @@ MODULE_CASES = [
     ModuleCase("LayerNorm-2d-noaffine",
                lambda dt, rng: L.LayerNorm((3, 4), eps=1e-3, elementwise_affine=False, dtype=dt),
                lambda nn: nn.LayerNorm((3, 4), eps=1e-3, elementwise_affine=False), (2, 3, 4)),
+    ModuleCase("RMSNorm", lambda dt, rng: L.RMSNorm(4, dtype=dt),
+               lambda nn: nn.RMSNorm(4), (5, 4)),
+    ModuleCase("RMSNorm-2d-noaffine",
+               lambda dt, rng: L.RMSNorm((3, 4), eps=1e-3, elementwise_affine=False, dtype=dt),
+               lambda nn: nn.RMSNorm((3, 4), eps=1e-3, elementwise_affine=False), (2, 3, 4)),
+    ModuleCase("Bilinear", lambda dt, rng: L.Bilinear(3, 4, 2, dtype=dt, rng=rng),
+               lambda nn: nn.Bilinear(3, 4, 2), (5, 3), extra_shapes=((5, 4),)),
+    ModuleCase("Bilinear-nobias-3d",
+               lambda dt, rng: L.Bilinear(3, 2, 4, bias=False, dtype=dt, rng=rng),
+               lambda nn: nn.Bilinear(3, 2, 4, bias=False), (2, 3, 3), extra_shapes=((2, 3, 2),)),
     ModuleCase("BatchNorm1d-NC-train", lambda dt, rng: L.BatchNorm1d(4, dtype=dt),
                lambda nn: nn.BatchNorm1d(4), (6, 4), unbatched=False),
     ModuleCase("BatchNorm1d-NC-eval", lambda dt, rng: L.BatchNorm1d(4, dtype=dt),
@@ -132,6 +154,11 @@ MODULE_CASES = [
                    L.Dropout(0.0), L.Linear(6, 4, dtype=dt, rng=rng))),
                lambda nn: nn.Residual(nn.Sequential(nn.LayerNorm(4), nn.Linear(4, 6), nn.GELU(),
                                                     nn.Dropout(0.0), nn.Linear(6, 4))), (5, 4)),
+    # ModuleList and ModuleDict have no forward (as in torch): a user's module calls them.
+    ModuleCase("ModuleList-loop", lambda dt, rng: LoopList(dtype=dt, rng=rng),
+               lambda nn: nn.LoopList(), (5, 4), user_module=True),
+    ModuleCase("ModuleDict-heads", lambda dt, rng: HeadsDict(dtype=dt, rng=rng),
+               lambda nn: nn.HeadsDict(), (5, 4), user_module=True),
 ]
 
 
@@ -183,16 +210,23 @@ LOSS_CASES = [
 ]
 
 
+def inputs(case: ModuleCase, dtype=np.float64, seed: int = 0) -> tuple:
+    """The case's inputs, one standard-normal array per shape in ``case.shapes``."""
+    draw = np.random.default_rng(seed)
+    return tuple(draw.standard_normal(shape).astype(dtype) for shape in case.shapes)
+
+
 def build(case: ModuleCase, dtype=np.float64, seed: int = 0):
-    """``(module, x)``: the case's module in its mode, materialized by one call, with random
-    parameters and float buffers (so a default ones/zeros init cannot hide a bug)."""
+    """``(module, x)`` — ``(module, x1, x2, ...)`` for a case of several inputs: the case's
+    module in its mode, materialized by one call, with random parameters and float buffers (so
+    a default ones/zeros init cannot hide a bug)."""
     rng = np.random.default_rng(seed)
     module = case.make(np.dtype(dtype), rng).train(case.train)
-    x = np.random.default_rng(seed).standard_normal(case.shape).astype(dtype)
-    module(x)
+    xs = inputs(case, dtype, seed)
+    module(*xs)
     for p in module.parameters():
         p.data[...] = rng.uniform(-1.0, 1.0, p.shape)
     for _, b in module.named_buffers():
         if b.dtype.kind == "f":
             b[...] = rng.uniform(0.5, 1.5, b.shape)
-    return module, x
+    return (module, *xs)

@@ -11,17 +11,20 @@ candidate timed once per round, so a change in the machine's load hits them all 
   throughput and costs latency in proportion (the common advice: "sweep batch 1 to 64, find
   the knee of throughput against latency"; docs/sweep.md).
 - :func:`dim_sweep` — square layers ``Linear(d, d)`` of the given widths at one batch size:
-  the time per call and the arithmetic rate (GFLOP/s, ``2·batch·d²`` per forward), each row beside
-  the one before it, to check the claim that widths that are multiples of 8/16/64 run faster
-  ("250 -> 256 runs faster").
+  the time per call and the arithmetic rate (GFLOP/s, ``2·batch·d²`` per forward), each width
+  that is not a multiple of ``ALIGNMENT`` (64) beside its aligned neighbour, the nearest swept
+  width that is (:func:`aligned_neighbour`: 250 -> 256, 1000 -> 1024, 4000 -> 4096), to check
+  the claim that widths that are multiples of 8/16/64 run faster ("250 -> 256 runs faster").
 
 Not imported by ``import linearkit``; the plot is :mod:`linearkit.analysis.layer_sweep_plot` (matplotlib).
 
 Examples
 --------
->>> from linearkit.analysis.layer_sweep import find_knee
+>>> from linearkit.analysis.layer_sweep import aligned_neighbour, find_knee
 >>> find_knee([1, 2, 4, 8], [100.0, 190.0, 370.0, 400.0])  # 370 >= 0.9 * 400
 4
+>>> aligned_neighbour(1000, [250, 256, 1000, 1024])  # not the row before it (256)
+1024
 """
 
 from __future__ import annotations
@@ -36,11 +39,34 @@ import numpy as np
 from .render import text_table
 from .timing import same_run_seconds
 
-__all__ = ["KNEE_FRACTION", "SweepResult", "SweepRow", "SweepTooLarge", "batch_sweep",
-           "dim_sweep", "find_knee", "memory_limit", "powers_of_two", "sweep_bytes"]
+__all__ = ["ALIGNMENT", "KNEE_FRACTION", "SweepResult", "SweepRow", "SweepTooLarge",
+           "aligned_neighbour", "batch_sweep", "dim_sweep", "find_knee", "memory_limit",
+           "powers_of_two", "sweep_bytes"]
 
 #: The knee is the smallest batch reaching this fraction of the sweep's best throughput.
 KNEE_FRACTION = 0.9
+
+#: The width sweep compares each width that is not a multiple of this with one that is: the
+#: coarsest of the multiples GEMM kernels favour (8 for fp16 tensor cores, 16, 64 for the
+#: blocked BLAS kernels), so 1000 (a multiple of 8) is compared with 1024 too.
+ALIGNMENT = 64
+
+
+def aligned_neighbour(width: int, widths: Sequence[int], alignment: int = ALIGNMENT
+                      ) -> int | None:
+    """The width among ``widths`` that ``width`` is compared with in a width sweep.
+
+    For a ``width`` that is not a multiple of ``alignment``: the multiple of ``alignment`` in
+    ``widths`` nearest to it by ratio (the wider on a tie), when one lies within a factor of 2
+    (250 -> 256, 1000 -> 1024, 4000 -> 4096, whatever the order of ``widths``). None for a
+    ``width`` that is itself a multiple, or when no multiple within a factor of 2 was swept.
+    """
+    if width % alignment == 0:
+        return None
+    near = [w for w in widths if w % alignment == 0 and max(w, width) < 2 * min(w, width)]
+    if not near:
+        return None
+    return min(near, key=lambda w: (abs(np.log(w / width)), -w))
 
 
 @dataclass
@@ -100,18 +126,43 @@ class SweepResult:
         """A JSON-ready dict (``rows`` as a list of dicts)."""
         record = asdict(self)
         record["knee_fraction"] = KNEE_FRACTION
+        if self.kind == "dims":
+            record["alignment"] = ALIGNMENT
+            record["aligned_pairs"] = [list(pair) for pair in self.aligned_pairs()]
         return record
 
+    def aligned_pairs(self) -> list[tuple[int, int]]:
+        """``(width, aligned neighbour)`` of each width-sweep row that has one
+        (:func:`aligned_neighbour`), in row order; ``[]`` for a batch sweep."""
+        if self.kind != "dims":
+            return []
+        widths = [r.in_features for r in self.rows]
+        pairs = [(w, aligned_neighbour(w, widths)) for w in widths]
+        return [(w, n) for w, n in pairs if n is not None]
+
+    def _aligned_note(self, r: SweepRow) -> str:
+        """A width-sweep row's note: its aligned neighbour's work, time and GFLOP/s over its
+        own, or what to sweep to get one."""
+        d = r.in_features
+        if d % ALIGNMENT == 0:
+            return f"a multiple of {ALIGNMENT}"
+        n = dict(self.aligned_pairs()).get(d)
+        if n is None:
+            padded = -(-d // ALIGNMENT) * ALIGNMENT
+            return f"no multiple of {ALIGNMENT} swept near it: add {padded} to --dims"
+        other = next(row for row in self.rows if row.in_features == n)
+        return (f"-> {n}: work {(n / d) ** 2:.2f}x, time {other.forward_ms / r.forward_ms:.2f}x, "
+                f"GFLOP/s {other.forward_gflops / r.forward_gflops:.2f}x")
+
     def table(self) -> str:
-        """The rows as an aligned plain-text table, the knee (or the ratio to the row before)
-        marked, and a one-line summary."""
+        """The rows as an aligned plain-text table, the knee (or each width's aligned
+        neighbour) marked, and a one-line summary."""
         header = ["batch" if self.kind == "batch" else "width", "fwd ms", "fwd samples/s",
                   "fwd GFLOP/s"]
         if self.backward:
             header += ["fwd+bwd ms", "fwd+bwd samples/s"]
         header.append("note")
         lines = []
-        prev = None
         for r in self.rows:
             cells = [str(r.batch if self.kind == "batch" else f"{r.in_features}x{r.out_features}"),
                      f"{r.forward_ms:.4f}", f"{r.forward_samples_s:,.0f}",
@@ -124,13 +175,10 @@ class SweepResult:
                     note.append("<- knee (fwd)")
                 if self.backward and r.batch == self.knee_backward:
                     note.append("<- knee (fwd+bwd)")
-            elif prev is not None:
-                note.append(f"time {r.forward_ms / prev.forward_ms:.2f}x, "
-                            f"GFLOP/s {r.forward_gflops / prev.forward_gflops:.2f}x "
-                            f"vs {prev.in_features}")
+            else:
+                note.append(self._aligned_note(r))
             cells.append("; ".join(note))
             lines.append(cells)
-            prev = r
         out = text_table(header, lines, left={len(header) - 1})
         first = self.rows[0]
         if self.kind == "batch":
@@ -145,8 +193,10 @@ class SweepResult:
                             "rising; sweep further (--max-batch)")
         else:
             summary = (f"square layers at batch {first.batch}, {self.dtype}, threads "
-                       f"{self.threads or 'auto'}; time ratio > 1 means the wider layer is "
-                       f"slower per call")
+                       f"{self.threads or 'auto'}; each width that is not a multiple of "
+                       f"{ALIGNMENT} beside the nearest swept one (-> w: that layer's work, time "
+                       f"and GFLOP/s over this one's; time below 1: the aligned width is faster "
+                       f"per call, below the work ratio: faster per FLOP)")
             if self.threads is None:
                 from ..backend.threads import SMALL_GEMM_MACS
 
@@ -369,9 +419,10 @@ def dim_sweep(dims: Sequence[int], batch: int = 64, *, dtype=np.float32, backwar
               rng: np.random.Generator | None = None) -> SweepResult:
     """Time per call and GFLOP/s of square layers ``Linear(d, d)`` for each ``d`` in ``dims``.
 
-    The rows keep the given order, so ``dims=[250, 256, 1000, 1024]`` reads as two pairs; the
-    table puts each row's time and GFLOP/s beside the row before it. Parameters as
-    :func:`batch_sweep`; ``batch`` is the one batch size (64 by default).
+    The rows keep the given order; the table puts each width that is not a multiple of
+    ``ALIGNMENT`` beside its aligned neighbour (:func:`aligned_neighbour`), so
+    ``dims=[250, 256, 1000, 1024]`` reads as the pairs 250 -> 256 and 1000 -> 1024. Parameters
+    as :func:`batch_sweep`; ``batch`` is the one batch size (64 by default).
 
     Returns
     -------

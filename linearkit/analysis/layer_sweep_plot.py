@@ -4,24 +4,70 @@ when drawing, on the Agg canvas).
 A batch sweep draws two panels: throughput against batch size, and throughput against latency
 (each point labelled with its batch), the knee marked in both. A width sweep draws GFLOP/s per
 width as bars.
+
+The x ticks are chosen here, never left to matplotlib's log locators (whose minor labels,
+``2×10⁻²`` beside ``2.2×10⁻²``, collide on a narrow range): the swept batches, latencies on a
+1-2-5 grid, the widths; then every k-th is kept, k the smallest for which no two labels overlap
+once drawn (:func:`fit_x_ticks`).
 """
 
 from __future__ import annotations
 
+import math
+from itertools import pairwise
 from pathlib import Path
 
 from .layer_sweep import KNEE_FRACTION, SweepResult
 from .render import agg_figure
 
-__all__ = ["MISSING", "plot_sweep"]
+__all__ = ["MISSING", "fit_x_ticks", "plot_sweep", "sweep_figure"]
 
 MISSING = ('linearkit sweep --plot needs matplotlib: pip install "linearkit[plot]" '
            "(or leave out --plot)")
 
 
-def plot_sweep(result: SweepResult, path) -> Path:
-    """Draw ``result`` into the PNG ``path``; returns the path. ImportError without matplotlib."""
-    path = Path(path)
+def _overlapping(labels, renderer) -> bool:
+    """Whether two of the drawn tick ``labels`` (matplotlib Text) overlap."""
+    boxes = sorted((t.get_window_extent(renderer) for t in labels), key=lambda b: b.x0)
+    return any(a.overlaps(b) for a, b in pairwise(boxes))
+
+
+def fit_x_ticks(fig, ax, positions, labels) -> None:
+    """Put x ticks at ``positions`` with ``labels`` on ``ax`` (no minor ticks), keeping every
+    k-th one, k the smallest for which no two labels overlap when ``fig`` is drawn."""
+    from matplotlib.ticker import NullLocator
+
+    ax.xaxis.set_minor_locator(NullLocator())
+    renderer = None
+    for k in range(1, max(len(positions), 1) + 1):
+        ax.set_xticks(list(positions)[::k], labels=list(labels)[::k])
+        fig.canvas.draw()
+        renderer = renderer or fig.canvas.get_renderer()
+        shown = [t for t in ax.xaxis.get_ticklabels() if t.get_visible() and t.get_text()]
+        if not _overlapping(shown, renderer):
+            return
+
+
+def _grid_1_2_5(lo: float, hi: float) -> list[float]:
+    """Round values in ``[lo, hi]`` for a log axis: 1-2-5 per decade, or a finer grid (1, 1.5,
+    2, 3, 5, 7) when that gives fewer than 3."""
+    found = []
+    for steps in ((1, 2, 5), (1, 1.5, 2, 3, 5, 7), (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9)):
+        found = [step * 10.0 ** e for e in range(math.floor(math.log10(lo)),
+                                                  math.floor(math.log10(hi)) + 1)
+                 for step in steps if lo <= step * 10.0 ** e <= hi]
+        if len(found) >= 3:
+            break
+    return found if found else [float(f"{math.sqrt(lo * hi):.3g}")]  # a range under 1.25x
+
+
+def _number(v: float) -> str:
+    return f"{v:g}"
+
+
+def sweep_figure(result: SweepResult):
+    """The matplotlib ``Figure`` of ``result`` (on the Agg canvas). ImportError without
+    matplotlib."""
     rows = result.rows
     if result.kind == "batch":
         fig = agg_figure((11, 4), MISSING)
@@ -56,6 +102,11 @@ def plot_sweep(result: SweepResult, path) -> Path:
         fig.suptitle(f"Linear({first.in_features}, {first.out_features}), {result.dtype}: "
                      f"knee = smallest batch reaching {KNEE_FRACTION:.0%} of the best "
                      "throughput", fontsize=10)
+        fig.tight_layout()
+        batches = [r.batch for r in rows]
+        fit_x_ticks(fig, ax_b, batches, [str(b) for b in batches])
+        grid = _grid_1_2_5(*ax_l.get_xlim())
+        fit_x_ticks(fig, ax_l, grid, [_number(v) for v in grid])
     else:
         fig = agg_figure((max(5, 1.2 * len(rows) + 2), 4), MISSING)
         ax = fig.subplots()
@@ -69,6 +120,14 @@ def plot_sweep(result: SweepResult, path) -> Path:
         ax.legend(fontsize=8)
         ax.grid(True, axis="y", alpha=0.3)
         fig.suptitle(f"square layers at batch {rows[0].batch}, {result.dtype}", fontsize=10)
+        fig.tight_layout()
+        fit_x_ticks(fig, ax, range(len(names)), names)
     fig.tight_layout()
-    fig.savefig(str(path), dpi=100)
+    return fig
+
+
+def plot_sweep(result: SweepResult, path) -> Path:
+    """Draw ``result`` into the PNG ``path``; returns the path. ImportError without matplotlib."""
+    path = Path(path)
+    sweep_figure(result).savefig(str(path), dpi=100)
     return path

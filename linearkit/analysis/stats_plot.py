@@ -6,13 +6,19 @@ import numpy as np
 
 from .render import agg_figure
 
-__all__ = ["plot_report"]
+__all__ = ["plot_report", "report_figure"]
 
 
 def plot_report(report, path, *, title: str | None = None) -> str:
-    """Write ``report`` (a ``StatsReport``) as a PNG: activation std (top) and gradient norms
-    (bottom) per layer, log scale. Zeros, which a log axis cannot show, are left out; layers with
-    a flag are shaded. Returns ``str(path)``."""
+    """Write ``report`` (a ``StatsReport``) as a PNG (``report_figure``); returns ``str(path)``."""
+    report_figure(report, title=title).savefig(str(path), dpi=110)
+    return str(path)
+
+
+def report_figure(report, *, title: str | None = None):
+    """The matplotlib ``Figure`` of ``report``: activation std and max |y| (top) and gradient
+    norms (bottom) per layer, log scale, each axis labelled with what it shows. Zeros, which a
+    log axis cannot show, are left out; layers with a flag are shaded."""
 
     def positive(values):
         return [v if v is not None and v > 0 else np.nan for v in values]
@@ -26,14 +32,15 @@ def plot_report(report, path, *, title: str | None = None) -> str:
     ax1.plot(xs, positive([s.max_abs for s in report.layers]), ".--", alpha=0.6,
              label="max |y|")
     ax1.set_yscale("log")
-    ax1.set_ylabel("forward")
+    ax1.set_ylabel("forward: std, max |y|\n(log scale)")
     ax1.legend(loc="best", fontsize=8)
     ax1.grid(True, which="both", alpha=0.3)
     ax2.plot(xs, positive([s.grad_out_norm for s in report.layers]), "o-",
              label="‖dy‖ (into layer output)")
     ax2.plot(xs, positive([s.param_grad_norm for s in report.layers]), "s", label="‖∇params‖")
     ax2.set_yscale("log")
-    ax2.set_ylabel("backward")
+    ax2.set_ylabel("backward: gradient norm\n(log scale)")
+    ax2.set_xlabel("layer (path, type)")
     ax2.legend(loc="best", fontsize=8)
     ax2.grid(True, which="both", alpha=0.3)
     ax2.set_xticks(xs)
@@ -45,5 +52,4 @@ def plot_report(report, path, *, title: str | None = None) -> str:
             ax1.axvspan(i - 0.4, i + 0.4, color="red", alpha=0.08)
     ax1.set_title(title or f"per-layer statistics ({len(report.flags)} flag(s))")
     fig.tight_layout()
-    fig.savefig(str(path), dpi=110)
-    return str(path)
+    return fig

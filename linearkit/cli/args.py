@@ -19,9 +19,10 @@ import math
 import os
 import sys
 import tempfile
+import textwrap
 
-__all__ = ["Parser", "UsageError", "check_writable_dir", "check_writable_file", "int_at_least",
-           "positive_float", "shape", "storage_dtype", "threads"]
+__all__ = ["ParagraphHelp", "Parser", "UsageError", "check_writable_dir", "check_writable_file",
+           "int_at_least", "positive_float", "shape", "storage_dtype", "threads"]
 
 
 class UsageError(Exception):
@@ -35,6 +36,16 @@ class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
         text = action.help or ""
         said = "(default" in text or "default:" in text
         return text if said else super()._get_help_string(action)
+
+
+class ParagraphHelp(_DefaultsHelp):
+    """``_DefaultsHelp`` that keeps a description's or epilog's paragraphs (split at blank
+    lines) and never breaks a word at its hyphen (``init-depth`` stays whole)."""
+
+    def _fill_text(self, text, width, indent):
+        return "\n\n".join(textwrap.fill(" ".join(part.split()), width, initial_indent=indent,
+                                         subsequent_indent=indent, break_on_hyphens=False)
+                           for part in text.split("\n\n"))
 
 
 class Parser(argparse.ArgumentParser):

@@ -28,8 +28,9 @@ import os
 import stat
 import sys
 
-from ..errors import DTypeError, FormatError, ShapeError
+from ..errors import AllocationError, DTypeError, FormatError, ShapeError
 from .args import (
+    ParagraphHelp,
     Parser,
     UsageError,
     check_writable_file,
@@ -687,13 +688,25 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+#: What ``python -m experiments NAME`` runs from a source checkout. The experiments are
+#: repository tooling, not in the installed package, so this command cannot import their
+#: registry (``experiments.EXPERIMENTS``); tests/test_cli.py checks that the two lists agree.
+REPOSITORY_EXPERIMENTS = ("init-depth", "precision", "surgery")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
     parser = Parser(prog="linearkit",
                     description="linearkit's command line: train the MNIST-1D baselines, the "
                                 "ledger of a model, a self-check.",
-                    epilog="exit status: 0 ok, 1 failed check or internal error, 2 usage error, "
+                    formatter_class=ParagraphHelp,
+                    epilog="experiments: the runs behind the docs pages are repository tooling, "
+                           "not commands (from a source checkout; they are not installed): "
+                           "python -m experiments NAME, NAME one of "
+                           f"{', '.join(REPOSITORY_EXPERIMENTS)}; python -m experiments NAME "
+                           "--help for its options.\n\n"
+                           "exit status: 0 ok, 1 failed check or internal error, 2 usage error, "
                            "130 interrupted")
     parser.add_argument("--version", action="version", version=f"linearkit {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -872,7 +885,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "batch sizes 1, 2, 4, ... --max-batch: latency (ms per call), throughput "
                     "(samples/s) and the knee (the smallest batch reaching 90% of the best "
                     "throughput). With --dims, time square layers Linear(d, d) of those widths "
-                    "at one --batch instead (e.g. 250,256,1000,1024).")
+                    "at one --batch instead (e.g. 250,256,1000,1024), each width that is not a "
+                    "multiple of 64 beside the nearest swept one (250 -> 256, 1000 -> 1024).")
     sweep.add_argument("--in-features", type=int_at_least(1), default=1024,
                        help="the layer's input width")
     sweep.add_argument("--out-features", type=int_at_least(1), default=1024,
@@ -972,6 +986,10 @@ def _error_line(command: str, exc: BaseException, args) -> str | None:
         return terminal_safe(f"{command}: error: {kind}{message}")
     if isinstance(exc, OSError):
         return terminal_safe(f"{command}: error: {_os_error_line(exc, args)}")
+    if isinstance(exc, AllocationError):  # names the layer, its array, shape, dtype, bytes
+        message = " ".join(str(exc).split())
+        return terminal_safe(f"{command}: error: AllocationError: {message}; no output file "
+                             "was replaced")
     if isinstance(exc, MemoryError):
         detail = " ".join(str(exc).split())
         return terminal_safe(f"{command}: error: out of memory"

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from .. import precision as _precision
-from ..errors import Located
+from ..errors import AllocationError, Located
 from . import anomaly as _anomaly
 from . import closures as _closures
 from . import hooks as _hooks
@@ -50,7 +50,10 @@ def _loadable(raw, key: str, shape: tuple, dtype: np.dtype, errors: list[str]):
                       f"checkpoint but {type(raw).__name__} could not be read as one: {err}")
         return None
     if value.dtype.kind == "V" and _precision.is_float(value.dtype):
-        # bfloat16 (kind 'V'): checked as the float32 it converts to exactly; assigned as is
+        # bfloat16 (kind 'V'): checked as the float32 it converts to exactly; assigned as is.
+        # Into a float array only its shape can be wrong: no float32 copy is made for that.
+        if _precision.is_float(dtype):
+            return _fitted(value, key, shape, errors)
         checked = _loadable(value.astype(np.float32), key, shape, dtype, errors)
         return None if checked is None else value.reshape(checked.shape)
     if value.dtype.kind not in "biuf" or (value.dtype.kind == "f" and dtype.kind in "iu"
@@ -69,6 +72,12 @@ def _loadable(raw, key: str, shape: tuple, dtype: np.dtype, errors: list[str]):
                       f"{dtype} (float weights loaded into a quantized model? quantize the float "
                       "model instead).")
         return None
+    return _fitted(value, key, shape, errors)
+
+
+def _fitted(value: np.ndarray, key: str, shape: tuple, errors: list[str]):
+    """``value`` when its shape is ``shape`` (a ``(1,)`` reshaped for a 0-d target), else None
+    and the size mismatch in ``errors``."""
     if value.shape != shape:
         if shape == () and value.shape == (1,):
             return value.reshape(())  # PyTorch loads old checkpoints' (1,) into a 0-d buffer
@@ -503,7 +512,11 @@ class Module:
                 if child is not None:
                     plan(child, f"{prefix}{name}.")
 
-        plan(self, "")
+        try:  # the arrays a load creates (a LazyLinear's) are allocated while planning
+            plan(self, "")
+        except AllocationError as err:
+            err.locate(self)
+            raise
         if strict:
             if unexpected:
                 errors.insert(0, "Unexpected key(s) in state_dict: {}. ".format(

@@ -11,7 +11,9 @@ header (``storage.safetensors_header.read_header``); the architecture's JSON
 and every tensor a layer's arguments declare, by shape and kind of dtype) — so a spec asking
 for a ``Linear(100000, 100000)`` the file does not hold is a FormatError in microseconds, with
 nothing allocated. Only then are the layers built, without their random init, and the tensors
-read into them.
+read into them: straight into the layers' arrays where the file stores a tensor in its array's
+dtype (a file ``linearkit.save`` wrote always does), so loading costs the model's own bytes and
+no copy beside them.
 """
 
 from __future__ import annotations
@@ -76,21 +78,41 @@ def model_from_metadata(path, metadata: dict, *, strict_finite: bool = False) ->
     model = build_model(tree, source=path, entries=entries)
     # A LazyLinear the file stores unmaterialized holds no weight or bias: nothing to load.
     lazy = {node.key(name) for node in tree.walk() if node.lazy for name in ("weight", "bias")}
-    _load_checked(path, model, lazy, strict_finite)
+    _load_checked(path, model, entries, lazy, strict_finite)
     return model
 
 
-def _load_checked(path: str, model: Module, lazy: set, strict_finite: bool) -> None:
+def _load_checked(path: str, model: Module, entries: dict, lazy: set,
+                  strict_finite: bool) -> None:
     """Read every tensor of ``path`` into ``model`` (just built from the checked architecture).
 
+    A tensor stored in the dtype of the array the model holds for it is read straight into that
+    array; the others (another dtype, an array the model does not hold as its own) are read
+    apart and cast by ``load_state_dict``. Every key still goes through ``load_state_dict``,
+    whose checks decide (a value that already is the array it is assigned to costs nothing).
     Loads non-strictly only so that an unmaterialized LazyLinear's absent weight is no error;
     any other missing or unexpected key (the file changed since its header was checked) is a
     FormatError, and nothing of the model is kept by the caller then.
     """
-    from .safetensors import load
+    from ..storage.safetensors_header import file_dtype, read_tensors, read_tensors_into
+    from .safetensors import check_finite
 
-    state = load(path, strict_finite=strict_finite)  # the NaN/Inf warning or refusal is load's
-    state = {k: a.astype(np.float32) if a.dtype.kind == "V" else a for k, a in state.items()}
+    held = model.state_dict()
+    direct = {}
+    for key, (dtype, shape, _, _) in entries.items():
+        array = held.get(key)
+        if (type(array) is np.ndarray and array.shape == shape and array.flags.c_contiguous
+                and array.flags.writeable and array.dtype == file_dtype(path, key, dtype)):
+            direct[key] = array
+    read_tensors_into(path, direct)
+    others = set(entries) - set(direct)
+    rest = read_tensors(path, names=others)[0] if others else {}
+    state = {key: direct[key] if key in direct else rest[key]  # in the file's order
+             for key in entries if key in direct or key in rest}
+    state.update(rest)  # a name the header no longer lists: load_state_dict reports it
+    check_finite(path, state, strict_finite)
+    state = {k: a.astype(np.float32) if a.dtype.kind == "V" and k in rest else a
+             for k, a in state.items()}
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as err:

@@ -119,6 +119,8 @@ def export_onnx(model, path: str | os.PathLike, input_shape, dynamic_batch: bool
     opset : int
         The ONNX operator set (17 or above: LayerNormalization needs 17).
 
+    Notes
+    -----
     The graph has one input ``'input'`` and one output ``'output'``, in the model's dtype. The
     file passes ``onnx.checker.check_model(full_check=True)``. It is written to a temp file
     beside ``path`` and renamed over it. An ``OnnxExportError`` (a ValueError) names the module

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import layers as L
+from ..layers.linear import linear_from
 
 __all__ = ["READ_OPS", "VERSIONS", "convert"]
 
@@ -205,13 +206,13 @@ def _features(r, node, shape, k: int, what: str):
                f"{shape_str(shape)}", node)
 
 
-def linear(r, w_out_in: np.ndarray, b) -> L.Linear:
-    """A Linear ``(*, in) -> (*, out)`` with ``weight = w_out_in`` ``(out, in)`` and bias b."""
-    n_out, n_in = w_out_in.shape
-    m = L.Linear(n_in, n_out, bias=b is not None, dtype=r.dtype)
-    m.weight.data[...] = w_out_in
-    if b is not None:
-        m.bias.data[...] = b
+def linear(r, w_out_in: np.ndarray, b, scale: float = 1.0) -> L.Linear:
+    """A Linear ``(*, in) -> (*, out)`` with ``weight = scale * w_out_in`` ``(out, in)`` (a
+    view such as a transpose is fine: it is copied once, into the layer) and bias b. Built
+    without a random init (``layers.linear.linear_from``): every value is assigned."""
+    m = linear_from(w_out_in, b, r.dtype)
+    if scale != 1.0:
+        m.weight.data *= scale
     return m
 
 
@@ -227,14 +228,13 @@ def _gemm(r, node, shape):
     b = r.weight(node, 1, "weight B")
     if b.ndim != 2:
         r.fail(f"its weight B has shape {b.shape}; expected 2-D", node)
-    w = b if r.attr(node, "transB", 0) else b.T
-    w = (w * r.attr(node, "alpha", 1.0)).astype(r.dtype)
+    w = b if r.attr(node, "transB", 0) else b.T  # B is r.dtype already (r.weight checks it)
     _features(r, node, shape, w.shape[1], "its weight")
     c = r.weight(node, 2, "bias C", optional=True)
     bias = None if c is None else row_bias(r, node, c * r.attr(node, "beta", 1.0), w.shape[0],
                                            2, "bias C")
     out = None if shape is None else shape[:-1] + (dim_of(w.shape[0]),)
-    return [linear(r, w, bias)], out
+    return [linear(r, w, bias, r.attr(node, "alpha", 1.0))], out
 
 
 def matmul(r, node, shape):
@@ -248,7 +248,7 @@ def matmul(r, node, shape):
         r.fail("MatMul of a 0-d input", node)
     _features(r, node, shape, w.shape[0], "its weight")
     out = None if shape is None else shape[:-1] + (dim_of(w.shape[1]),)
-    return [linear(r, np.ascontiguousarray(w.T), None)], out
+    return [linear(r, w.T, None)], out
 
 
 def _layer_norm(r, node, shape):

@@ -72,13 +72,7 @@ def load(path: str | os.PathLike, model=None, strict: bool = True, strict_finite
     """
     path = os.fspath(path)
     state, _ = read_tensors(path)
-    bad = [name for name, a in state.items() if a.dtype.kind in "fV" and not np.isfinite(a).all()]
-    if bad:
-        problem = f"non-finite values (NaN or Inf) in tensor(s) {', '.join(map(repr, bad))}"
-        if strict_finite:
-            raise FormatError(problem, path=path,
-                              hint="the weights diverged or are corrupt; use an earlier checkpoint")
-        warnings.warn(f"{path}: {problem}", UserWarning, stacklevel=2)
+    check_finite(path, state, strict_finite)
     if model is None:
         return state
     state = {k: a.astype(np.float32) if a.dtype.kind == "V" else a for k, a in state.items()}
@@ -90,8 +84,12 @@ def load(path: str | os.PathLike, model=None, strict: bool = True, strict_finite
             raise FormatError(problem, path=path, hint="keep the model in float32 or bfloat16 "
                               "(bfloat16 has float32's range), or rescale the weights")
         warnings.warn(f"{path}: {problem}", UserWarning, stacklevel=2)
+    # The overflow to inf was said above, naming the tensors: NumPy's nameless cast warning
+    # would only repeat it.
+    quiet = np.errstate(over="ignore" if over else np.geterr()["over"])
     try:
-        model.load_state_dict(state, strict=strict)
+        with quiet:
+            model.load_state_dict(state, strict=strict)
     except RuntimeError as err:
         raise FormatError(f"does not fit the {type(model).__name__} given: {err}", path=path,
                           hint="build the model with the architecture the file was saved from, "
@@ -100,6 +98,28 @@ def load(path: str | os.PathLike, model=None, strict: bool = True, strict_finite
 
 
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
+_BLOCK = 1 << 16  # values checked at once: the masks stay small beside the tensor
+
+
+def _blocks(array: np.ndarray):
+    flat = array.reshape(-1)
+    for start in range(0, flat.size, _BLOCK):
+        yield flat[start:start + _BLOCK]
+
+
+def check_finite(path: str, state: dict, strict_finite: bool, stacklevel: int = 3) -> None:
+    """Warn (``UserWarning``) or, with ``strict_finite``, raise the FormatError naming the
+    tensors of ``state`` (name -> array, read from ``path``) that hold NaN or Inf. Checked a
+    block at a time: no mask of a whole tensor is made."""
+    bad = [name for name, a in state.items() if a.dtype.kind in "fV"
+           and not all(np.isfinite(block).all() for block in _blocks(a))]
+    if not bad:
+        return
+    problem = f"non-finite values (NaN or Inf) in tensor(s) {', '.join(map(repr, bad))}"
+    if strict_finite:
+        raise FormatError(problem, path=path,
+                          hint="the weights diverged or are corrupt; use an earlier checkpoint")
+    warnings.warn(f"{path}: {problem}", UserWarning, stacklevel=stacklevel)
 
 
 def _overflowing(state: dict, model) -> list[str]:
@@ -114,7 +134,7 @@ def _overflowing(state: dict, model) -> list[str]:
         value = np.asarray(value)
         if value.dtype.kind != "f" or value.dtype == np.float16 or not value.size:
             continue
-        finite = value[np.isfinite(value)]
-        if finite.size and float(np.abs(finite).max()) > _FLOAT16_MAX:
+        if any(np.any(np.abs(block[np.isfinite(block)]) > _FLOAT16_MAX)
+               for block in _blocks(value)):
             over.append(key)
     return over

@@ -55,7 +55,7 @@ import numbers
 from dataclasses import dataclass, field
 
 from ..core.module import Module
-from ..errors import FormatError
+from ..errors import AllocationError, FormatError
 from ..storage.json_depth import json_depth
 
 __all__ = ["FORMAT", "MAX_BRACKETS", "MAX_DEPTH", "MAX_NAME", "MAX_NODES", "MAX_SPEC_CHARS",
@@ -291,8 +291,18 @@ def _layer_norm_state(cls, args, own, children):
     state = {}
     if a["elementwise_affine"]:
         state["weight"] = _Want(shape, "float", "param")
-        if a["bias"]:
+        if a.get("bias", False):  # LayerNorm's; an RMSNorm has none
             state["bias"] = _Want(shape, "float", "param")
+    return state
+
+
+def _bilinear_state(cls, args, own, children):
+    a = _bound(cls, args)
+    n1, n2 = _count(a, "in1_features"), _count(a, "in2_features")
+    n_out = _count(a, "out_features")
+    state = {"weight": _Want((n_out, n1, n2), "float", "param")}
+    if a["bias"]:
+        state["bias"] = _Want((n_out,), "float", "param")
     return state
 
 
@@ -362,6 +372,7 @@ def _state_rules() -> dict:
     from ..layers import (
         GELU,
         BatchNorm1d,
+        Bilinear,
         Dropout,
         Flatten,
         Identity,
@@ -374,6 +385,7 @@ def _state_rules() -> dict:
         QuantizedLinear,
         ReLU,
         Residual,
+        RMSNorm,
         Sequential,
         Sigmoid,
         SiLU,
@@ -385,7 +397,8 @@ def _state_rules() -> dict:
 
     rules = {Linear: _linear_state, LazyLinear: _lazy_state, LayerNorm: _layer_norm_state,
              BatchNorm1d: _batch_norm_state, SparseLinear: _sparse_state,
-             QuantizedLinear: _quantized_state, LoRALinear: _lora_state}
+             QuantizedLinear: _quantized_state, LoRALinear: _lora_state,
+             RMSNorm: _layer_norm_state, Bilinear: _bilinear_state}
     for cls in (Identity, ReLU, LeakyReLU, GELU, Tanh, Sigmoid, SiLU, Softmax, LogSoftmax,
                 Dropout, Flatten, Sequential, Residual, Checkpoint):
         rules[cls] = _stateless
@@ -606,7 +619,8 @@ def build_model(spec: dict, source: str = "<spec>", *, entries: dict | None = No
     ``model_file.model_from_metadata``), and a user's layer type is checked against them as soon
     as it is built. Every problem — a wrong format, an unknown type, arguments the type does not
     accept, a malformed node, a disagreement with the header — is a ``FormatError`` naming
-    ``source`` (the file), the node's path and type.
+    ``source`` (the file), the node's path and type; a layer that does not fit in memory is an
+    ``AllocationError`` (a ``MemoryError``) naming its path, array, shape, dtype and bytes.
     """
     from ..layers.linear import uninitialized
     from ..rules import rule_for
@@ -617,7 +631,13 @@ def build_model(spec: dict, source: str = "<spec>", *, entries: dict | None = No
         children = {name: build(child) for name, child in node.children}
         try:
             module = rule_for(node.cls).rebuild.make(node.cls, dict(node.args), children)
-        except (TypeError, ValueError, KeyError, OverflowError, MemoryError) as err:
+        except AllocationError as err:  # a layer too large for this machine: named by its path
+            raise err.at(node.path)
+        except MemoryError as err:  # a user's layer, out of memory in its own code
+            raise AllocationError(node.kind, module=None, detail=(
+                f"ran out of memory while being built from arguments {str(node.args)[:200]}"
+                f" ({str(err)[:300] or 'MemoryError'})")).at(node.path) from None
+        except (TypeError, ValueError, KeyError, OverflowError) as err:
             raise FormatError(f"{node.where()} cannot be built from arguments "
                               f"{str(node.args)[:200]}: {str(err)[:300]}", path=source,
                               hint=_REWRITE) from None

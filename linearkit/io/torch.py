@@ -10,10 +10,10 @@ converted as a plain Linear (and so is a subclass of ``lk.Linear`` without a rul
 
 Decisions:
 
-* ``nn.ModuleList`` becomes a ``linearkit.Sequential`` with the same child names (so the state
-  dict keys stay the same): a list of layers means "apply them in order", the way
-  ``for layer in layers: x = layer(x)`` uses it. PyTorch cannot call a ModuleList itself, so
-  ``to_torch`` gives back an ``nn.Sequential``.
+* ``nn.ModuleList`` / ``nn.ModuleDict`` become ``linearkit.ModuleList`` / ``ModuleDict`` and
+  back, with the same child names (so the state-dict keys stay the same). Neither side can call
+  one: the order a custom module uses its children in is that module's forward, so what
+  converts is the children and their weights. A chain to run converts as ``nn.Sequential``.
 * ``linearkit.Residual`` maps to ``TorchResidual`` (``linearkit.io.torch.TorchResidual``, built
   on first use): a two-line torch module computing ``x + module(x)`` whose child is named
   ``module``, as in linearkit, so the keys agree; ``from_torch`` converts it back.
@@ -23,7 +23,10 @@ Decisions:
   the linearkit side, its 16 bits carried over unchanged); each module's training flag and each
   parameter's ``requires_grad`` are copied; a module shared under two names stays shared; every
   parameter and buffer is copied through ``load_state_dict`` with ``strict=True``, so the
-  state-dict keys are identical.
+  state-dict keys are identical. ``from_torch`` builds its layers without their random init and
+  copies each torch tensor straight into the new array (read through a view of the tensor's
+  memory), so a conversion costs the model's bytes once, and the library's random stream
+  does not move.
 
 torch is imported inside the functions; without it they raise ``ModuleNotFoundError`` naming
 ``pip install "linearkit[torch]"``.
@@ -38,7 +41,8 @@ import numpy as np
 
 from .. import precision
 from ..core.module import Module
-from ..errors import FormatError
+from ..errors import AllocationError, FormatError
+from ..layers.linear import uninitialized
 from ..rules import registered_types, torch_twins
 
 __all__ = ["array_to_tensor", "from_torch", "load_torch_state", "tensor_to_numpy", "to_torch"]
@@ -101,20 +105,32 @@ def tensor_to_numpy(t) -> np.ndarray:
     """A torch tensor's values as a new ndarray of the same dtype; bfloat16 (which NumPy's
     ``Tensor.numpy()`` refuses) goes through its 16 bits: int16 on the torch side, viewed as
     ``ml_dtypes.bfloat16`` — every value, NaN payloads and signed zeros included, unchanged."""
+    return _tensor_view(t).copy()
+
+
+def _tensor_view(t) -> np.ndarray:
+    """``tensor_to_numpy(t)`` without the copy: an ndarray over the (CPU) tensor's memory, for
+    a caller that copies it into arrays of its own at once."""
     torch = _torch()
     t = t.detach().cpu()
     if t.dtype == torch.bfloat16:
-        return t.contiguous().view(torch.int16).numpy().view(precision.bfloat16()).copy()
-    return t.numpy().copy()
+        return t.contiguous().view(torch.int16).numpy().view(precision.bfloat16())
+    return t.numpy()
 
 
 def array_to_tensor(a):
     """An ndarray as a torch tensor of the same dtype (bfloat16 by its 16 bits, as
     ``tensor_to_numpy``), owning its memory."""
+    return _array_view(np.array(a))  # a copy: the tensor must not share the model's memory
+
+
+def _array_view(a: np.ndarray):
+    """``array_to_tensor(a)`` without the copy: a tensor over ``a``'s memory, for a caller
+    that copies it into tensors of its own at once."""
     torch = _torch()
-    a = np.array(a)  # a copy: the tensor must not share the model's memory
+    a = np.asarray(a)
     if precision.is_16bit(a.dtype) and a.dtype != np.float16:  # ml_dtypes.bfloat16
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(np.asarray(a, order="C").view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
 
 
@@ -192,6 +208,8 @@ def _convert(module, table: dict, side: str, dtype_of, memo: dict, path=""):
         kwargs = twin.arguments(module, dtype_of(module, where))
         try:
             built = target(**kwargs)
+        except AllocationError as err:  # too large for this machine's memory: named by path
+            raise err.at(path)
         except (TypeError, ValueError) as err:
             raise FormatError(f"{where} cannot be converted: {err}") from None
     built.training = module.training  # each module's own flag (this does not recurse)
@@ -208,7 +226,7 @@ def from_torch(module, *, dtype=None) -> Module:
         Built from the supported layers (see the module docstring): Linear (LazyLinear once
         materialized), ReLU, LeakyReLU, GELU, Tanh, Sigmoid, SiLU, Softmax, LogSoftmax,
         Dropout, LayerNorm, BatchNorm1d, Flatten, Identity, Sequential, ModuleList,
-        TorchResidual — nested freely.
+        ModuleDict, TorchResidual — nested freely.
     dtype : numpy dtype, optional
         For modules that hold no tensors but have a dtype in linearkit (a LayerNorm without
         affine parameters, a BatchNorm1d with neither affine parameters nor running stats):
@@ -227,8 +245,9 @@ def from_torch(module, *, dtype=None) -> Module:
     table = _table("torch")
     default = np.dtype(dtype) if dtype is not None else _dtype(
         module, "the torch model", np.dtype(np.float32), recurse=True)
-    model = _convert(module, table, "torch", lambda m, where: _dtype(m, where, default), {})
-    model.load_state_dict({k: tensor_to_numpy(v) for k, v in module.state_dict().items()})
+    with uninitialized():  # every value is copied from the torch module next
+        model = _convert(module, table, "torch", lambda m, where: _dtype(m, where, default), {})
+    model.load_state_dict({k: _tensor_view(v) for k, v in module.state_dict().items()})
     _copy_requires_grad(module.named_parameters(), model.named_parameters())
     return model
 
@@ -255,7 +274,7 @@ def to_torch(model: Module):
         return dtypes[dtype]
 
     module = _convert(model, table, "linearkit", dtype_of, {})
-    module.load_state_dict({k: array_to_tensor(v) for k, v in model.state_dict().items()})
+    module.load_state_dict({k: _array_view(v) for k, v in model.state_dict().items()})
     _copy_requires_grad(model.named_parameters(), module.named_parameters())
     return module
 

@@ -1,18 +1,20 @@
 """Layers: one file per family. Each layer is parameters plus a call into ``functional``."""
 
 from .activation import GELU, LeakyReLU, LogSoftmax, ReLU, Sigmoid, SiLU, Softmax, Tanh
+from .bilinear import Bilinear
 from .container import ModuleDict, ModuleList, Residual, Sequential
 from .dropout import Dropout
 from .flatten import Flatten
 from .linear import Identity, LazyLinear, Linear
 from .lora import LoRALinear
-from .norm import BatchNorm1d, LayerNorm
+from .norm import BatchNorm1d, LayerNorm, RMSNorm
 from .quantized import QuantizedLinear, QuantizedTrainingError
 from .sparse import SparseLinear
 
 __all__ = [
     "GELU",
     "BatchNorm1d",
+    "Bilinear",
     "Dropout",
     "Flatten",
     "Identity",
@@ -26,6 +28,7 @@ __all__ = [
     "ModuleList",
     "QuantizedLinear",
     "QuantizedTrainingError",
+    "RMSNorm",
     "ReLU",
     "Residual",
     "Sequential",

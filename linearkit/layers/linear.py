@@ -10,12 +10,13 @@ import numpy as np
 
 from .. import functional as F
 from .. import precision as P
+from ..core.allocation import allocating, empty
 from ..core.module import Module, Parameter
-from ..core.random import resolve
+from ..core.random import block_size, fill_uniform, resolve
 from ..errors import ShapeError
 from ._checks import as_input, feature_count, float_dtype
 
-__all__ = ["Identity", "LazyLinear", "Linear", "linear_from", "uninitialized"]
+__all__ = ["Identity", "LazyLinear", "Linear", "init_skipped", "linear_from", "uninitialized"]
 
 # True inside ``uninitialized()``: a ContextVar, so another thread building layers meanwhile
 # still gets the default init.
@@ -24,9 +25,9 @@ _init_skipped = contextvars.ContextVar("linearkit_init_skipped", default=False)
 
 @contextlib.contextmanager
 def uninitialized():
-    """Inside, a new ``Linear`` (and a ``LazyLinear`` as it materializes) keeps the arrays
-    ``np.empty`` gave it — weight ``(out_features, in_features)``, bias ``(out_features,)``,
-    values undefined — instead of drawing the default init.
+    """Inside, a new ``Linear`` (and a ``LazyLinear`` as it materializes, and a ``Bilinear``)
+    keeps the arrays ``np.empty`` gave it — weight ``(out_features, in_features)``, bias
+    ``(out_features,)``, values undefined — instead of drawing the default init.
 
     For loaders that overwrite every value next (``linearkit.load_model``): a
     ``(15000, 15000)`` layer then costs no random draw, and the library's random stream does
@@ -37,6 +38,11 @@ def uninitialized():
         yield
     finally:
         _init_skipped.reset(token)
+
+
+def init_skipped() -> bool:
+    """Whether a layer built now skips its random init (inside ``uninitialized()``)."""
+    return _init_skipped.get()
 
 
 class Linear(Module):
@@ -81,9 +87,10 @@ class Linear(Module):
         self.in_features = feature_count("in_features", in_features, lazy_hint=True)
         self.out_features = feature_count("out_features", out_features)
         self.dtype = float_dtype(dtype)
-        self.weight = Parameter(np.empty((self.out_features, self.in_features), self.dtype))
+        weight, bias_ = _arrays(self, self.out_features, self.in_features, bias, self.dtype)
+        self.weight = Parameter(weight)
         if bias:
-            self.bias = Parameter(np.empty(self.out_features, self.dtype))
+            self.bias = Parameter(bias_)
         else:
             self.register_parameter("bias", None)
         if not _init_skipped.get():  # uninitialized(): the caller loads every value next
@@ -94,13 +101,19 @@ class Linear(Module):
 
         This is what PyTorch writes as ``kaiming_uniform_(weight, a=sqrt(5))``: gain sqrt(1/3)
         times sqrt(3/fan_in) is 1/sqrt(fan_in).
+
+        Drawn in float64 and rounded once into the storage dtype (to nearest even), a block at
+        a time (``core.random.fill_uniform``): the values of one whole float64 draw, with only a
+        block of float64 held beside the parameters.
         """
         rng = resolve(rng)
         bound = 1.0 / math.sqrt(self.in_features) if self.in_features > 0 else 0.0
-        # drawn in float64 and rounded once into the storage dtype (to nearest even)
-        self.weight.data[...] = rng.uniform(-bound, bound, self.weight.shape)
-        if self.bias is not None:
-            self.bias.data[...] = rng.uniform(-bound, bound, self.bias.shape)
+        for name in ("weight", "bias"):
+            p = getattr(self, name)
+            if p is not None:
+                with allocating(self, name, p.shape, p.dtype, block_size(p.size) * 8,
+                                " of float64 draws"):
+                    fill_uniform(p.data, -bound, bound, rng)
 
     @property
     def has_bias(self) -> bool:
@@ -242,12 +255,21 @@ def linear_backward_into(weight: Parameter, bias: Parameter | None, dy: np.ndarr
     return F.linear_input_grad(dy, weight.data) if input_grad else None
 
 
+def _arrays(owner, n_out: int, n_in: int, bias: bool, dtype: np.dtype):
+    """A Linear's new arrays: weight ``(n_out, n_in)`` and bias ``(n_out,)`` (or None), their
+    values undefined; an ``AllocationError`` naming ``owner`` when they do not fit."""
+    weight = empty(owner, "weight", (n_out, n_in), dtype)
+    return weight, empty(owner, "bias", (n_out,), dtype) if bias else None
+
+
 def linear_from(weight: np.ndarray, bias: np.ndarray | None, dtype) -> Linear:
     """A ``Linear(in, out)`` holding ``weight (out, in)`` and ``bias (out,)`` (or none), cast to
-    ``dtype``. The init it overwrites draws from a fixed generator, so building one (a
-    conversion, a transform) leaves the library's random stream where it was."""
+    ``dtype`` (``weight`` may be a strided view, such as a transpose: it is copied once, into
+    the layer). Built without a random init (``uninitialized``), so building one (a
+    conversion, a transform) costs no draw and leaves the library's random stream where it was."""
     n_out, n_in = weight.shape
-    layer = Linear(n_in, n_out, bias=bias is not None, dtype=dtype, rng=np.random.default_rng(0))
+    with uninitialized():
+        layer = Linear(n_in, n_out, bias=bias is not None, dtype=dtype)
     layer.weight.data[...] = weight
     if bias is not None:
         layer.bias.data[...] = bias
@@ -278,13 +300,21 @@ class LazyLinear(Linear):
         self.register_parameter("weight", None)
         self.register_parameter("bias", None)
 
-    def materialize(self, in_features: int) -> None:
-        """Create the weight ``(out_features, in_features)`` and bias, with Linear's default init."""
-        self.in_features = feature_count("in_features", in_features)
-        self.weight = Parameter(np.empty((self.out_features, self.in_features), self.dtype))
+    def materialize(self, in_features: int, arrays: tuple | None = None) -> None:
+        """Create the weight ``(out_features, in_features)`` and bias, with Linear's default init.
+
+        ``arrays``: the ``(weight, bias)`` a load allocated beforehand, so that running out of
+        memory happens before the load changes anything (the init still runs: a non-strict
+        load may leave the bias as it is).
+        """
+        n_in = feature_count("in_features", in_features)
+        if arrays is None:
+            arrays = _arrays(self, self.out_features, n_in, self._has_bias, self.dtype)
+        self.in_features = n_in
+        self.weight = Parameter(arrays[0])
         if self._has_bias:
-            self.bias = Parameter(np.empty(self.out_features, self.dtype))
-        if not _init_skipped.get():  # uninitialized(): the load assigns both arrays next
+            self.bias = Parameter(arrays[1])
+        if not _init_skipped.get():  # uninitialized(): the caller assigns both arrays next
             Linear.reset_parameters(self, self._rng)
         del self._rng, self._has_bias
         self.__class__ = Linear
@@ -330,7 +360,9 @@ class LazyLinear(Linear):
         shapes = {"weight": (out, n_in), "bias": (out,)}
         targets = {name: (shapes[name], self.dtype, lambda name=name: getattr(self, name).data)
                    for name in names}
-        return targets, lambda: self.materialize(n_in)
+        # Allocated now, while nothing is changed yet: a MemoryError leaves the model as it was.
+        arrays = _arrays(self, out, n_in, self._has_bias, self.dtype)
+        return targets, lambda: self.materialize(n_in, arrays)
 
     def extra_repr(self) -> str:
         if self.in_features is None:

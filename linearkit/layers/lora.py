@@ -12,7 +12,7 @@ from ..core.module import Module
 from ._checks import as_input
 from .container import trains
 from .dropout import Dropout
-from .linear import Identity, Linear
+from .linear import Identity, Linear, uninitialized
 
 __all__ = ["LoRALinear"]
 
@@ -101,11 +101,11 @@ class LoRALinear(Module):
         self.base_layer = base
         p = float(dropout)
         self.lora_dropout = Dropout(p) if p > 0 else Identity()
-        # Constructed with a throwaway generator, then initialized as peft does (the library's
-        # stream advances only by A's draw).
-        quiet = np.random.default_rng(0)
-        self.lora_A = Linear(self.in_features, self.rank, bias=False, dtype=base.dtype, rng=quiet)
-        self.lora_B = Linear(self.rank, self.out_features, bias=False, dtype=base.dtype, rng=quiet)
+        # Built without Linear's init, then initialized as peft does (the library's stream
+        # advances only by A's draw).
+        with uninitialized():
+            self.lora_A = Linear(self.in_features, self.rank, bias=False, dtype=base.dtype)
+            self.lora_B = Linear(self.rank, self.out_features, bias=False, dtype=base.dtype)
         self.reset_lora_parameters(rng)
 
     def reset_lora_parameters(self, rng: np.random.Generator | None = None) -> None:

@@ -1,4 +1,5 @@
-"""LayerNorm and BatchNorm1d, with PyTorch's semantics (statistics, running buffers, repr)."""
+"""LayerNorm, RMSNorm and BatchNorm1d, with PyTorch's semantics (statistics, running buffers,
+repr)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import numpy as np
 
 from .. import functional as F
 from .. import precision as P
+from ..core.allocation import filled
 from ..core.module import Module, Parameter
 from ..errors import ShapeError
 from ._checks import as_input, feature_count, float_dtype
 
-__all__ = ["BatchNorm1d", "LayerNorm", "check_batch_norm_input", "running_stats_frozen"]
+__all__ = ["BatchNorm1d", "LayerNorm", "RMSNorm", "check_batch_norm_input",
+           "check_trailing_shape", "running_stats_frozen"]
 
 _frozen = 0  # > 0: BatchNorm1d updates no running statistics (see running_stats_frozen)
 
@@ -70,6 +73,23 @@ def _backward(grads, w: Parameter | None, b: Parameter | None, input_grad: bool)
         return dx
 
     return backward
+
+
+def check_trailing_shape(module, shape: tuple) -> None:
+    """LayerNorm's and RMSNorm's input rule, on a shape alone: ``shape`` must end with the
+    module's ``normalized_shape``, else a ShapeError naming the module (and, when the size is
+    elsewhere in ``shape``, which dim to move last)."""
+    norm = module.normalized_shape
+    shape, k = tuple(shape), len(norm)
+    if len(shape) < k or shape[len(shape) - k:] != norm:
+        dims = ", ".join(map(str, norm))
+        hint = None
+        if k == 1 and norm[0] in shape:
+            axis = shape.index(norm[0])
+            hint = (f"{type(module).__name__} normalizes the last dimension; the size "
+                    f"{norm[0]} is at dim {axis}: move it last with np.moveaxis(x, {axis}, -1)")
+        raise ShapeError(f"expected input of shape (*, {dims}), got {shape}", module=module,
+                         hint=hint)
 
 
 def check_batch_norm_input(module, shape: tuple) -> bool:
@@ -145,9 +165,9 @@ class LayerNorm(Module):
         self.elementwise_affine = elementwise_affine
         self.dtype = float_dtype(dtype)
         shape = self.normalized_shape
-        self.register_parameter("weight", Parameter(np.ones(shape, self.dtype))
+        self.register_parameter("weight", Parameter(filled(self, "weight", shape, self.dtype, 1))
                                 if elementwise_affine else None)
-        self.register_parameter("bias", Parameter(np.zeros(shape, self.dtype))
+        self.register_parameter("bias", Parameter(filled(self, "bias", shape, self.dtype, 0))
                                 if elementwise_affine and bias else None)
 
     def reset_parameters(self) -> None:
@@ -156,17 +176,7 @@ class LayerNorm(Module):
 
     def check_input_shape(self, shape: tuple) -> None:
         """Raise the ShapeError ``forward`` would raise for an input of ``shape`` (no data)."""
-        shape, k = tuple(shape), len(self.normalized_shape)
-        if len(shape) < k or shape[len(shape) - k:] != self.normalized_shape:
-            dims = ", ".join(map(str, self.normalized_shape))
-            hint = None
-            if k == 1 and self.normalized_shape[0] in shape:
-                axis = shape.index(self.normalized_shape[0])
-                hint = (f"LayerNorm normalizes the last dimension; the size "
-                        f"{self.normalized_shape[0]} is at dim {axis}: move it last with "
-                        f"np.moveaxis(x, {axis}, -1)")
-            raise ShapeError(f"expected input of shape (*, {dims}), got {shape}",
-                             module=self, hint=hint)
+        check_trailing_shape(self, shape)
 
     def _input(self, x) -> np.ndarray:
         x = P.compute_array(as_input(self, x, self.dtype))  # 16-bit storage: float32 compute
@@ -193,6 +203,102 @@ class LayerNorm(Module):
     def extra_repr(self) -> str:
         return (f"{self.normalized_shape}, eps={self.eps}, "
                 f"elementwise_affine={self.elementwise_affine}, bias={self.bias is not None}")
+
+
+class RMSNorm(Module):
+    """Root-mean-square normalization over the trailing ``normalized_shape`` dims:
+    ``y = x / sqrt(mean(x²) + eps) * weight``, as ``torch.nn.RMSNorm`` (no mean is subtracted,
+    no bias).
+
+    Parameters
+    ----------
+    normalized_shape : int or tuple of ints
+        The trailing dimensions to normalize over (an int means a tuple of one).
+    eps : float or None
+        Added to the mean square for stability. None (the default) is the machine epsilon of
+        the compute dtype, as in PyTorch: ``np.finfo(np.float32).eps`` for float32 and 16-bit
+        storage, ``np.finfo(np.float64).eps`` for float64.
+    elementwise_affine : bool
+        Learn a per-element ``weight`` applied after normalizing (default True).
+    dtype : float32 (default), float64, or float16 / bfloat16 storage (computes in float32:
+        float32 inputs and outputs; ``linearkit.precision``).
+
+    Shape
+    -----
+    x ``(*, *normalized_shape)`` -> y of the same shape. ``*`` may be empty or hold a 0. The
+    mean square is accumulated in float64 (a float32 one would overflow for ``|x|`` beyond
+    ~1.8e19, where PyTorch's float32 RMSNorm returns zeros).
+
+    Attributes
+    ----------
+    weight : Parameter ``normalized_shape`` or None, initialized to ones.
+
+    Examples
+    --------
+    >>> import numpy as np, linearkit as lk
+    >>> norm = lk.RMSNorm(4)
+    >>> norm
+    RMSNorm((4,), eps=None, elementwise_affine=True)
+    >>> y = norm(np.array([[1., -1., 1., -1.], [2., 0., 0., 0.]], np.float32))
+    >>> np.sqrt((y ** 2).mean(axis=-1)).round(6)
+    array([1., 1.], dtype=float32)
+    """
+
+    def __init__(self, normalized_shape, eps: float | None = None,
+                 elementwise_affine: bool = True, *, dtype=np.float32):
+        super().__init__()
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(feature_count("normalized_shape", d)
+                                      for d in normalized_shape)
+        if eps is not None and (isinstance(eps, bool) or not isinstance(eps, numbers.Real)):
+            raise TypeError(f"RMSNorm: eps must be a float or None (the compute dtype's machine "
+                            f"epsilon), got {eps!r} ({type(eps).__name__})")
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        self.dtype = float_dtype(dtype)
+        self.register_parameter("weight", Parameter(
+            filled(self, "weight", self.normalized_shape, self.dtype, 1))
+            if elementwise_affine else None)
+
+    def reset_parameters(self) -> None:
+        """weight <- ones."""
+        if self.weight is not None:
+            self.weight.data[...] = 1
+
+    def check_input_shape(self, shape: tuple) -> None:
+        """Raise the ShapeError ``forward`` would raise for an input of ``shape`` (no data)."""
+        check_trailing_shape(self, shape)
+
+    def _input(self, x) -> np.ndarray:
+        x = P.compute_array(as_input(self, x, self.dtype))  # 16-bit storage: float32 compute
+        self.check_input_shape(x.shape)
+        return x
+
+    def _weight(self):
+        return None if self.weight is None else P.compute_array(self.weight.data)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """``(*, *normalized_shape) -> (*, *normalized_shape)``."""
+        return F.rms_norm(self._input(x), self.normalized_shape, self._weight(), self.eps)
+
+    def vjp(self, x: np.ndarray, input_grad: bool = True):
+        """Forward plus ``backward(dy) -> dx``; adds dweight into ``.grad``."""
+        x = self._input(x)
+        y, xhat, rstd = F.rms_norm_forward(x, self.normalized_shape, self._weight(), self.eps)
+        shape = self.normalized_shape
+        xhat = P.saved_activation(xhat)  # kept in 16 bits under policy(activations=...)
+
+        def grads(dy, w, need_dx, need_dw, need_db):
+            dx, dw = F.rms_norm_backward(dy, P.compute_array(xhat), rstd, shape, w, need_dx,
+                                         need_dw)
+            return dx, dw, None
+
+        return y, _backward(grads, self.weight, None, input_grad)
+
+    def extra_repr(self) -> str:
+        return (f"{self.normalized_shape}, eps={self.eps}, "
+                f"elementwise_affine={self.elementwise_affine}")
 
 
 class BatchNorm1d(Module):
@@ -249,12 +355,15 @@ class BatchNorm1d(Module):
         self.affine = affine
         self.track_running_stats = track_running_stats
         self.dtype = float_dtype(dtype)
-        self.register_parameter("weight", Parameter(np.ones(c, self.dtype)) if affine else None)
-        self.register_parameter("bias", Parameter(np.zeros(c, self.dtype))
+        self.register_parameter("weight", Parameter(filled(self, "weight", c, self.dtype, 1))
+                                if affine else None)
+        self.register_parameter("bias", Parameter(filled(self, "bias", c, self.dtype, 0))
                                 if affine and bias else None)
         tracked = track_running_stats
-        self.register_buffer("running_mean", np.zeros(c, self.dtype) if tracked else None)
-        self.register_buffer("running_var", np.ones(c, self.dtype) if tracked else None)
+        self.register_buffer("running_mean", filled(self, "running_mean", c, self.dtype, 0)
+                             if tracked else None)
+        self.register_buffer("running_var", filled(self, "running_var", c, self.dtype, 1)
+                             if tracked else None)
         self.register_buffer("num_batches_tracked", np.array(0, np.int64) if tracked else None)
 
     def reset_running_stats(self) -> None:

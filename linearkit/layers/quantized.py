@@ -33,10 +33,11 @@ import math
 import numpy as np
 
 from .. import functional as F
+from ..core.allocation import filled
 from ..core.module import Module
 from ..errors import Located, ShapeError
 from ._checks import as_input, feature_count, float_dtype
-from .linear import Linear
+from .linear import Linear, uninitialized
 
 __all__ = ["ACTIVATION_MODES", "QuantizedLinear", "QuantizedTrainingError", "int8_rows"]
 
@@ -57,10 +58,13 @@ def int8_rows(a: np.ndarray, dtype) -> tuple[np.ndarray, np.ndarray]:
     holds ``clip(round_half_even(a / scale[:, None]), -127, 127)`` as whole numbers in the
     dtype the division ran in (``a``'s, at least float32) — cast it to int8 to store it.
     """
-    amax = np.max(np.abs(a), axis=1, initial=0)
+    # max|a[r]| as max(max a[r], -min a[r]), and q rounded in place: no temporary of a's size
+    # besides q itself
+    amax = np.maximum(a.max(axis=1, initial=0), -a.min(axis=1, initial=0))
     scale = (amax / _QMAX).astype(dtype)
     scale[scale == 0] = 1
-    q = np.rint(a / scale[:, None].astype(np.promote_types(a.dtype, np.float32)))
+    q = a / scale[:, None].astype(np.promote_types(a.dtype, np.float32))
+    np.rint(q, out=q)
     np.clip(q, -_QMAX, _QMAX, out=q)
     return q, scale
 
@@ -112,9 +116,10 @@ class QuantizedLinear(Module):
         self.out_features = feature_count("out_features", out_features)
         self.activations = activations
         self.dtype = float_dtype(dtype)
-        self.register_buffer("weight", np.zeros((self.out_features, self.in_features), np.int8))
-        self.register_buffer("weight_scale", np.ones(self.out_features, self.dtype))
-        self.register_buffer("bias", np.zeros(self.out_features, self.dtype) if bias else None)
+        n_out, n_in = self.out_features, self.in_features
+        self.register_buffer("weight", filled(self, "weight", (n_out, n_in), np.int8, 0))
+        self.register_buffer("weight_scale", filled(self, "weight_scale", n_out, self.dtype, 1))
+        self.register_buffer("bias", filled(self, "bias", n_out, self.dtype, 0) if bias else None)
 
     @classmethod
     def from_linear(cls, linear: Linear, activations: str | None = None) -> QuantizedLinear:
@@ -144,9 +149,11 @@ class QuantizedLinear(Module):
     def dequantize(self) -> Linear:
         """A float ``Linear`` holding ``weight * weight_scale[:, None]`` and the bias (in the
         layer's dtype); the library's random stream is not advanced."""
-        out = Linear(self.in_features, self.out_features, self.has_bias, dtype=self.dtype,
-                     rng=np.random.default_rng(0))
-        out.weight.data[...] = self.weight.astype(self._compute) * self.weight_scale[:, None]
+        with uninitialized():  # every value is assigned next
+            out = Linear(self.in_features, self.out_features, self.has_bias, dtype=self.dtype)
+        # computed in the compute dtype straight into the new weight (no full-size temporary)
+        np.multiply(self.weight, self.weight_scale[:, None], out=out.weight.data,
+                    dtype=self._compute)
         if self.has_bias:
             out.bias.data[...] = self.bias
         return out

@@ -13,10 +13,11 @@ import math
 import numpy as np
 
 from .. import functional as F
+from ..core.allocation import allocating, filled
 from ..core.module import Module, Parameter
 from ..errors import ShapeError
 from ._checks import as_input, feature_count, float_dtype
-from .linear import Linear
+from .linear import Linear, uninitialized
 
 __all__ = ["SparseLinear", "csr_problem"]
 
@@ -121,13 +122,19 @@ class SparseLinear(Module):
         if self.dtype == np.float16:
             raise TypeError("SparseLinear takes float32 or float64: SciPy's sparse kernels have "
                             "no float16; convert first, e.g. linear.to(np.float32)")
-        self.weight_values = Parameter(np.zeros(nnz, self.dtype))
+        self.weight_values = Parameter(filled(self, "weight_values", nnz, self.dtype, 0))
         n_in = max(self.in_features, 1)
-        self.register_buffer("weight_indices", (np.arange(nnz) % n_in).astype(np.int32))
+        with allocating(self, "weight_indices", (nnz,), np.int32):
+            if nnz < 2**31:  # 0, 1, ..., n_in - 1, 0, 1, ...: in the int32 buffer itself
+                indices = np.arange(nnz, dtype=np.int32)
+                indices %= n_in
+            else:
+                indices = (np.arange(nnz) % n_in).astype(np.int32)
+        self.register_buffer("weight_indices", indices)
         rows = np.minimum(np.arange(self.out_features + 1) * self.in_features, nnz)
         self.register_buffer("weight_indptr", rows.astype(np.int32))
         if bias:
-            self.bias = Parameter(np.zeros(self.out_features, self.dtype))
+            self.bias = Parameter(filled(self, "bias", self.out_features, self.dtype, 0))
         else:
             self.register_parameter("bias", None)
         self._scipy = None  # (values, indices, indptr, csr_array over them), built on first use
@@ -159,17 +166,22 @@ class SparseLinear(Module):
         layer.training = linear.training
         return layer
 
-    def dense_weight(self) -> np.ndarray:
-        """The weight as a dense ``(out_features, in_features)`` array (a new one)."""
-        w = np.zeros((self.out_features, self.in_features), self.weight_values.dtype)
-        w[self._rows(), self.weight_indices] = self.weight_values.data
-        return w
+    def dense_weight(self, out: np.ndarray | None = None) -> np.ndarray:
+        """The weight as a dense ``(out_features, in_features)`` array: a new one, or written
+        into ``out`` (of that shape) and returned."""
+        if out is None:
+            out = np.zeros((self.out_features, self.in_features), self.weight_values.dtype)
+        else:
+            out[...] = 0
+        out[self._rows(), self.weight_indices] = self.weight_values.data
+        return out
 
     def to_dense(self) -> Linear:
         """An equal plain ``Linear`` (the zeros stored again); this layer is untouched."""
-        layer = Linear(self.in_features, self.out_features, self.bias is not None,
-                       dtype=self.weight_values.dtype, rng=np.random.default_rng(0))
-        layer.weight.data[...] = self.dense_weight()
+        with uninitialized():  # every value is written next
+            layer = Linear(self.in_features, self.out_features, self.bias is not None,
+                           dtype=self.weight_values.dtype)
+        self.dense_weight(out=layer.weight.data)
         layer.weight.requires_grad = self.weight_values.requires_grad
         if self.bias is not None:
             layer.bias.data[...] = self.bias.data

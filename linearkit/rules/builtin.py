@@ -10,10 +10,13 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
+
 from .. import precision as P
 from ..layers import (
     GELU,
     BatchNorm1d,
+    Bilinear,
     Dropout,
     Flatten,
     Identity,
@@ -26,6 +29,7 @@ from ..layers import (
     ModuleList,
     ReLU,
     Residual,
+    RMSNorm,
     Sequential,
     Sigmoid,
     SiLU,
@@ -34,11 +38,19 @@ from ..layers import (
 )
 from ..layers.container import trains
 from ..layers.norm import check_batch_norm_input
-from .cost_rules import ZERO, elementwise_cost, lead, linear_cost, norm_module_cost
+from .cost_rules import (
+    ZERO,
+    bilinear_cost,
+    elementwise_cost,
+    lead,
+    linear_cost,
+    norm_module_cost,
+    rms_norm_cost,
+)
 from .onnx_rules import BUILTIN_ONNX
 from .rebuild import BUILTIN_REBUILDS
 from .registry import LayerRule, register_rule
-from .text import linear_text
+from .text import bilinear_text, linear_text
 from .torch_rules import BUILTIN_TORCH
 
 __all__ = ["ACTIVATIONS", "linear_text"]
@@ -124,6 +136,32 @@ LAZY_LINEAR = LayerRule(
 )
 
 
+# ---------------------------------------------------------------- Bilinear
+def _bilinear_cost(m, shape, need_dx):
+    # shape is the first input's; the second has the same leading dims and in2_features
+    bias = m.bias is not None
+    return bilinear_cost(lead(shape), m.in1_features, m.in2_features, m.out_features, bias,
+                         need_dx, m.weight.requires_grad, bias and m.bias.requires_grad)
+
+
+def _bilinear_saved(m, shape, need_dx) -> list:
+    # Both inputs (through precision.saved_activation), when dW or dx needs them.
+    if not (m.weight.requires_grad or need_dx):
+        return []
+    return [("input", math.prod(shape), "activation"),
+            ("input2", lead(shape) * m.in2_features, "activation")]
+
+
+BILINEAR = LayerRule(
+    kind="bilinear",
+    describe=lambda m: bilinear_text(m.in1_features, m.in2_features, m.out_features,
+                                     m.bias is not None),
+    output_shape=_linear_out,  # checks the first input (the one a shape-only pass follows)
+    cost=_bilinear_cost,
+    saved=_bilinear_saved,
+)
+
+
 # ---------------------------------------------------------------- pass-through layers
 IDENTITY = LayerRule(kind="identity", shares_input=True, cost=_zero, saved=_nothing,
                      transforms=("merge_linear",),  # removed between merged Linears
@@ -184,6 +222,21 @@ LAYER_NORM = LayerRule(
     saved=lambda m, shape, need_dx: [
         ("xhat", math.prod(shape), "activation"),
         ("rstd", math.prod(shape[:len(shape) - len(m.normalized_shape)]))],
+    transforms=("fold_norm",),
+)
+
+
+RMS_NORM = LayerRule(
+    kind="rmsnorm",  # not 'layernorm': it subtracts no mean, so a bias before it is not cancelled
+    describe=lambda m: f"RMSNorm({m.normalized_shape})",
+    output_shape=_check_layer_norm,
+    cost=lambda m, shape, need_dx: rms_norm_cost(
+        math.prod(shape), m.weight is not None, need_dx,
+        m.weight is not None and m.weight.requires_grad),
+    # xhat (through precision.saved_activation), and the float64 1/sqrt(mean(x²) + eps) per row
+    saved=lambda m, shape, need_dx: [
+        ("xhat", math.prod(shape), "activation"),
+        ("rstd", math.prod(shape[:len(shape) - len(m.normalized_shape)]), np.float64)],
     transforms=("fold_norm",),
 )
 
@@ -263,6 +316,7 @@ def register_builtin_rules() -> None:
     PyTorch twin (``torch_rules.BUILTIN_TORCH``)."""
     rules = [(Linear, LINEAR), (LazyLinear, LAZY_LINEAR), (Identity, IDENTITY),
              (Flatten, FLATTEN), (Dropout, DROPOUT), (LayerNorm, LAYER_NORM),
+             (RMSNorm, RMS_NORM), (Bilinear, BILINEAR),
              (BatchNorm1d, BATCH_NORM), (Sequential, SEQUENTIAL), (Residual, RESIDUAL),
              (ModuleList, HELD), (ModuleDict, HELD)]
     rules += [(cls, _activation(cls)) for cls in ACTIVATIONS]

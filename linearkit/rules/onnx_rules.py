@@ -11,6 +11,17 @@ output. It never imports ``onnx``; it only calls the builder:
 - ``g.opset``: the opset being written; ``g.refuse(m, problem, fix)`` raises a clear error.
 
 A layer that is the identity in eval mode (Identity, eval Dropout) returns ``x`` itself.
+
+A ModuleList or ModuleDict has no forward (as in PyTorch), so it has no emitter of its own: the
+module holding it writes its children in the order its forward calls them, e.g. for a forward
+``for layer in self.layers: x = layer(x)``::
+
+    def emit(m, g, x):
+        for i, layer in enumerate(m.layers):
+            x = g.visit(layer, f"layers.{i}", x)
+        return x
+
+Exporting the container itself is refused with its path (``_held``).
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ import numpy as np
 from ..layers import (
     GELU,
     BatchNorm1d,
+    Bilinear,
     Dropout,
     Flatten,
     Identity,
@@ -30,8 +42,11 @@ from ..layers import (
     LeakyReLU,
     Linear,
     LogSoftmax,
+    ModuleDict,
+    ModuleList,
     ReLU,
     Residual,
+    RMSNorm,
     Sequential,
     Sigmoid,
     SiLU,
@@ -116,6 +131,34 @@ def _layer_norm(m, g, x):
                 epsilon=float(m.eps))
 
 
+def _rms_norm(m, g, x):
+    k = len(m.normalized_shape)
+    eps = float(np.finfo(g.dtype).eps) if m.eps is None else float(m.eps)  # torch's default
+    scale = None if m.weight is None else g.const(m.weight.data, "scale")
+    if g.opset >= 23:  # RMSNormalization normalizes dims axis..-1, then multiplies by scale
+        ones = scale if scale is not None else g.const(np.ones(m.normalized_shape), "scale")
+        return g.op("RMSNormalization", [x, ones], "rmsnorm", axis=-k, epsilon=eps)
+    # x / sqrt(ReduceMean(x * x) + eps) * scale; ReduceMean takes its axes as an input from 18
+    axes = list(range(-k, 0))
+    square = g.op("Mul", [x, x], "rmsnorm_square")
+    if g.opset >= 18:
+        mean = g.op("ReduceMean", [square, g.const(np.array(axes, np.int64), "rmsnorm_axes",
+                                                    cast=False)], "rmsnorm_mean", keepdims=1)
+    else:
+        mean = g.op("ReduceMean", [square], "rmsnorm_mean", axes=axes, keepdims=1)
+    rms = g.op("Sqrt", [g.op("Add", [mean, _scalar(g, eps, "rmsnorm_eps")], "rmsnorm_add_eps")],
+               "rmsnorm_rms")
+    y = g.op("Div", [x, rms], "rmsnorm_div")
+    return y if scale is None else g.op("Mul", [y, scale], "rmsnorm")
+
+
+def _bilinear(m, g, x):
+    g.refuse(m, "Bilinear takes two inputs (x1, x2), and export_onnx writes a graph with one "
+             "input ('input')", "export the rest of the model without it, or write the layer "
+             "as an ONNX Einsum node ('...i,oij,...j->...o' on both inputs, plus the bias) in a "
+             "graph of your own")
+
+
 def _batch_norm(m, g, x):
     if m.training or m.running_mean is None or m.running_var is None:
         why = ("is in training mode" if m.training else
@@ -145,6 +188,16 @@ def _sequential(m, g, x):
     return x
 
 
+def _held(m, g, x):
+    kind = type(m).__name__
+    g.refuse(m, f"a {kind} has no forward (as in PyTorch): the order its children run in is the "
+             "forward of the module holding it, which export cannot read",
+             f"export the module that holds the {kind}, with a rule whose onnx emitter visits "
+             "the children in its forward's order (g.visit(child, 'name.0', x), ...; see "
+             "linearkit/rules/onnx_rules.py); or hold a chain as lk.Sequential, which exports "
+             "as it is")
+
+
 def _residual(m, g, x):
     fx = g.visit(m.module, "module", x)
     m.check_shapes(g.shape(x), g.shape(fx))
@@ -166,7 +219,11 @@ BUILTIN_ONNX = {
     Softmax: _along_dim("Softmax"),
     LogSoftmax: _along_dim("LogSoftmax"),
     LayerNorm: _layer_norm,
+    RMSNorm: _rms_norm,
+    Bilinear: _bilinear,
     BatchNorm1d: _batch_norm,
     Sequential: _sequential,
     Residual: _residual,
+    ModuleList: _held,
+    ModuleDict: _held,
 }

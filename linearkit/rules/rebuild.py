@@ -17,6 +17,7 @@ from typing import Any
 from ..layers import (
     GELU,
     BatchNorm1d,
+    Bilinear,
     Dropout,
     Flatten,
     Identity,
@@ -29,6 +30,7 @@ from ..layers import (
     ModuleList,
     ReLU,
     Residual,
+    RMSNorm,
     Sequential,
     Sigmoid,
     SiLU,
@@ -81,6 +83,16 @@ def _layer_norm(m) -> dict:
             "dtype": m.dtype.name}
 
 
+def _rms_norm(m) -> dict:
+    return {"normalized_shape": list(m.normalized_shape), "eps": m.eps,
+            "elementwise_affine": m.elementwise_affine, "dtype": m.dtype.name}
+
+
+def _bilinear(m) -> dict:
+    return {"in1_features": m.in1_features, "in2_features": m.in2_features,
+            "out_features": m.out_features, "bias": m.bias is not None, "dtype": m.dtype.name}
+
+
 def _batch_norm(m) -> dict:
     return {"num_features": m.num_features, "eps": m.eps, "momentum": m.momentum,
             "affine": m.affine, "track_running_stats": m.track_running_stats,
@@ -113,6 +125,8 @@ BUILTIN_REBUILDS = {
     LogSoftmax: Rebuild(lambda m: {"dim": m.dim}),
     Dropout: Rebuild(lambda m: {"p": m.p}),
     LayerNorm: Rebuild(_layer_norm),
+    RMSNorm: Rebuild(_rms_norm),
+    Bilinear: Rebuild(_bilinear),
     BatchNorm1d: Rebuild(_batch_norm),
     Flatten: Rebuild(lambda m: {"start_dim": m.start_dim, "end_dim": m.end_dim}),
     Sequential: Rebuild(_none, _sequential),

@@ -5,16 +5,19 @@ path costs a torch module with the rule of the layer whose twin it is. The const
 arguments are read the same way on both sides (linearkit's layers use PyTorch's argument and
 attribute names), so one ``args(m, dtype)`` serves both directions. Decisions:
 
-* ``nn.ModuleList`` converts to a ``Sequential`` with the same child names (a list of layers
-  means "apply them in order"; PyTorch cannot call a ModuleList itself), not back.
-  linearkit's ``ModuleList`` / ``ModuleDict`` have no twin: every twin must run forward.
+* ``ModuleList`` and ``ModuleDict`` are ``nn.ModuleList`` and ``nn.ModuleDict``, both ways, with
+  the same child names (so the same state-dict keys). Neither has a forward on either side: a
+  custom module calls their children, so the conversion keeps what they hold, not a computation
+  (the ledger does not cost them either: a container row, as any torch module with children and
+  no twin).
 * ``Residual``'s twin is ``TorchResidual`` (``linearkit.io.torch``, built on first use): the
   ledger does not cost it as a Residual (it is a container row there, as any torch module with
   children and no twin).
 * A materialized ``LazyLinear`` converts to ``nn.Linear``; the ledger describes an
   unmaterialized ``nn.LazyLinear`` as 'LazyLinear(?, out)'.
-* The ledger matches Linear, LazyLinear, LayerNorm, BatchNorm1d, Dropout, Flatten, Identity and
-  Sequential twins by subclass (``isinstance``), the activations by exact class.
+* The ledger matches Linear, LazyLinear, Bilinear, LayerNorm, RMSNorm, BatchNorm1d, Dropout,
+  Flatten, Identity and Sequential twins by subclass (``isinstance``), the activations by exact
+  class.
 
 Every path is a string: torch is imported by the tools that already need it, never here.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 from ..layers import (
     GELU,
     BatchNorm1d,
+    Bilinear,
     Dropout,
     Flatten,
     Identity,
@@ -32,15 +36,18 @@ from ..layers import (
     LeakyReLU,
     Linear,
     LogSoftmax,
+    ModuleDict,
+    ModuleList,
     ReLU,
     Residual,
+    RMSNorm,
     Sequential,
     Sigmoid,
     SiLU,
     Softmax,
     Tanh,
 )
-from .text import linear_text
+from .text import bilinear_text, linear_text
 from .torch_twin import TorchTwin
 
 __all__ = ["BUILTIN_TORCH"]
@@ -57,6 +64,20 @@ def _layer_norm(m, dt) -> dict:
             "bias": m.bias is not None or not m.elementwise_affine, "dtype": dt}
 
 
+def _rms_norm(m, dt) -> dict:
+    return {"normalized_shape": tuple(m.normalized_shape), "eps": m.eps,
+            "elementwise_affine": m.elementwise_affine, "dtype": dt}
+
+
+def _bilinear(m, dt) -> dict:
+    return {"in1_features": m.in1_features, "in2_features": m.in2_features,
+            "out_features": m.out_features, "bias": m.bias is not None, "dtype": dt}
+
+
+def _bilinear_text(m) -> str:
+    return bilinear_text(m.in1_features, m.in2_features, m.out_features, m.bias is not None)
+
+
 def _batch_norm(m, dt) -> dict:
     return {"num_features": m.num_features, "eps": m.eps, "momentum": m.momentum,
             "affine": m.affine, "track_running_stats": m.track_running_stats,
@@ -64,8 +85,14 @@ def _batch_norm(m, dt) -> dict:
 
 
 def _in_order(cls, children):
-    """A Sequential (either side's) of the converted children, names kept."""
+    """A Sequential or ModuleDict (either side's) of the converted children, names kept."""
     return cls(children)
+
+
+def _in_list(cls, children):
+    """A ModuleList (either side's) of the converted children: their names are ``0..n`` in order
+    on both sides, so the list gives them back."""
+    return cls(list(children.values()))
 
 
 def _residual(cls, children):
@@ -105,11 +132,14 @@ BUILTIN_TORCH = {
                        ledger="subclasses"),
     LayerNorm: TorchTwin("torch.nn.LayerNorm", _layer_norm, ledger="subclasses",
                          describe=lambda m: f"LayerNorm({tuple(m.normalized_shape)})"),
+    RMSNorm: TorchTwin("torch.nn.RMSNorm", _rms_norm, ledger="subclasses",
+                       describe=lambda m: f"RMSNorm({tuple(m.normalized_shape)})"),
+    Bilinear: TorchTwin("torch.nn.Bilinear", _bilinear, ledger="subclasses",
+                        describe=_bilinear_text),
     BatchNorm1d: TorchTwin("torch.nn.BatchNorm1d", _batch_norm, ledger="subclasses",
                            describe=lambda m: f"BatchNorm1d({m.num_features})"),
-    Sequential: (
-        TorchTwin("torch.nn.Sequential", build=_in_order, ledger="subclasses"),
-        TorchTwin("torch.nn.ModuleList", build=_in_order, to_torch=False, ledger=None),
-    ),
+    Sequential: TorchTwin("torch.nn.Sequential", build=_in_order, ledger="subclasses"),
+    ModuleList: TorchTwin("torch.nn.ModuleList", build=_in_list, ledger=None),
+    ModuleDict: TorchTwin("torch.nn.ModuleDict", build=_in_order, ledger=None),
     Residual: TorchTwin("linearkit.io.torch.TorchResidual", build=_residual, ledger=None),
 }

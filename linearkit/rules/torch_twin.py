@@ -47,8 +47,8 @@ class TorchTwin:
         ``build`` is a container: its children are converted first and ``args`` is not used.
     to_torch, from_torch : bool
         Whether ``to_torch`` turns the layer into this class, and whether ``from_torch`` turns
-        this class into the layer (default both). ``nn.ModuleList`` converts to a
-        ``Sequential`` but not back; a materialized ``LazyLinear`` converts to ``nn.Linear``.
+        this class into the layer (default both). A materialized ``LazyLinear`` converts to
+        ``nn.Linear``, but ``nn.Linear`` converts to ``Linear``, not back to a LazyLinear.
         A rule has at most one twin with ``to_torch``.
     ledger : 'exact', 'subclasses' or None
         How the ledger's PyTorch path matches a torch module to this twin, and then costs it

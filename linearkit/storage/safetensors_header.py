@@ -22,7 +22,8 @@ import numpy as np
 
 from ..errors import FormatError
 
-__all__ = ["HEADER_CAP", "open_regular", "read_header", "read_tensors"]
+__all__ = ["HEADER_CAP", "file_dtype", "open_regular", "read_header", "read_tensors",
+           "read_tensors_into"]
 
 HEADER_CAP = 100_000_000  # bytes; the reference implementation's own limit
 
@@ -232,8 +233,9 @@ def _dtype(path, name: str, dtype: str) -> np.dtype:
     return np.dtype(getattr(ml_dtypes, _ML_DTYPES[dtype]))
 
 
-def read_tensors(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Every tensor of ``path`` as a writable native-order ndarray, and the metadata.
+def read_tensors(path, names=None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Every tensor of ``path`` (or only those in ``names``) as a writable native-order ndarray,
+    and the metadata.
 
     F16 comes back as ``float16``; BF16/F8 as ``ml_dtypes`` arrays (``bfloat16``, ...).
     """
@@ -242,14 +244,59 @@ def read_tensors(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     f, _ = open_regular(path)
     with f:
         for name, (dtype, shape, begin, end) in entries.items():
+            if names is not None and name not in names:
+                continue
             kind = _dtype(path, name, dtype)
             buffer = np.empty(end - begin, np.uint8)
             f.seek(data_start + begin)
-            if f.readinto(buffer) != end - begin:  # the file shrank since the header was read
-                _fail(path, f"tensor {name!r}: the file ended inside its data (truncated)",
-                      hint="the file was truncated; write it again")
+            _read_exactly(f, buffer, path, name)
             array = buffer.view(kind).reshape(shape)
             if not array.dtype.isnative:
                 array = array.astype(array.dtype.newbyteorder("="))
             tensors[name] = array
     return tensors, metadata
+
+
+def file_dtype(path, name: str, dtype_name: str) -> np.dtype:
+    """The NumPy dtype of a tensor whose header entry says ``dtype_name`` (``'F32'``), as the
+    file stores it (little-endian); a FormatError naming ``ml_dtypes`` when BF16/F8 need it."""
+    return _dtype(path, name, dtype_name)
+
+
+def read_tensors_into(path, arrays: dict[str, np.ndarray]) -> None:
+    """Read tensors of ``path`` straight into ``arrays`` (name -> array), with no copy between.
+
+    Each array must be a writable C-contiguous ndarray of the tensor's shape and of exactly the
+    dtype the file stores it in (``file_dtype``; little-endian); a FormatError otherwise, or
+    when the file ended inside a tensor. An array is filled with what the file holds, as
+    ``read_tensors`` would return it.
+    """
+    path = os.fspath(path)
+    entries, _, data_start, _ = read_header(path)
+    f, _ = open_regular(path)
+    with f:
+        for name, out in arrays.items():
+            if name not in entries:
+                _fail(path, f"the file holds no tensor {name!r}", hint="save the model again")
+            dtype, shape, begin, _ = entries[name]
+            if (out.shape != shape or out.dtype != _dtype(path, name, dtype)
+                    or not out.flags.c_contiguous or not out.flags.writeable):
+                _fail(path, f"tensor {name!r} ({dtype} {list(shape)}) cannot be read into an "
+                            f"array {out.dtype} {list(out.shape)}", hint="save the model again")
+            f.seek(data_start + begin)
+            _read_exactly(f, out.reshape(-1).view(np.uint8), path, name)
+
+
+_CHUNK = 1 << 26  # bytes per read call: any size works, one call need not read all of it
+
+
+def _read_exactly(f, buffer: np.ndarray, path, name: str) -> None:
+    """Fill the uint8 ``buffer`` from ``f``, or the FormatError of a file that ended early."""
+    view = memoryview(buffer)
+    done, size = 0, len(view)
+    while done < size:
+        got = f.readinto(view[done:done + _CHUNK])
+        if not got:  # the file shrank since the header was read
+            _fail(path, f"tensor {name!r}: the file ended inside its data (truncated)",
+                  hint="the file was truncated; write it again")
+        done += got

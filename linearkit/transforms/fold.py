@@ -8,6 +8,9 @@
   bias included): ``keep_batchnorm=True`` removes just that bias, in either mode.
 * ``LayerNorm`` then ``Linear``: the LayerNorm's affine ``gamma, beta`` folds into the Linear
   after it; the LayerNorm stays, without affine.
+* ``RMSNorm`` then ``Linear``: the same for the RMSNorm's ``weight`` (it has no bias); the
+  RMSNorm stays, with ``elementwise_affine=False``. A Linear's bias before an RMSNorm is never
+  cancelled (an RMSNorm subtracts no mean), so nothing folds there.
 * ``Linear`` (with a bias) then ``LayerNorm``: the LayerNorm subtracts each row's mean across
   features, which removes only the bias's *mean* — not the whole bias (a common claim is that
   the LayerNorm cancels it; it does not). The rest,
@@ -20,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.module import Module
-from ..layers import BatchNorm1d, LayerNorm, Linear
+from ..layers import BatchNorm1d, LayerNorm, Linear, RMSNorm
 from ..rules import rule_for
 from .merge import as_float64, bias_through, edit_chains, join
 from .walk import Ties, copy_model, finish, linear_from, lists, named
@@ -295,6 +298,36 @@ class _Folder:
                             "params_before": before, "params_after": after})
         return new_ln, new_lin
 
+    # -- RMSNorm then Linear
+    def rms_linear(self, pa: str, rn: RMSNorm, pb: str, lin: Linear):
+        """-> (the new RMSNorm, the new Linear), or None."""
+        if rn.weight is None:
+            return None
+        pair = f"{named(pa, rn)} . {named(pb, lin)}"
+        if rn.normalized_shape != (lin.in_features,):
+            self.left.append(f"{pair}: weight not folded: the RMSNorm's weight spans "
+                             f"{rn.normalized_shape}, not just the Linear's {lin.in_features} "
+                             "input features")
+            return None
+        if rn.dtype != lin.weight.dtype:
+            self.left.append(f"{pair}: weight not folded: mixed dtypes ({rn.dtype} and "
+                             f"{lin.weight.dtype})")
+            return None
+        w, b = fold_layernorm_weights(rn.weight.data, None, lin.weight.data,
+                                      None if lin.bias is None else lin.bias.data)
+        new_rn = RMSNorm(rn.normalized_shape, eps=rn.eps, elementwise_affine=False,
+                         dtype=rn.dtype)
+        new_rn.training = rn.training
+        new_lin = _rebuilt(lin, w, b)
+        before, after = _size(rn, lin), _size(new_rn, new_lin)
+        self.changed.append(f"{_plus(pa, pb)}: the RMSNorm's weight folded into the Linear: "
+                            f"{_text(rn)} . {_text(lin)} -> RMSNorm({rn.normalized_shape}, "
+                            f"elementwise_affine=False) . {_text(new_lin)} (params {before:,} "
+                            f"-> {after:,})")
+        self.layers.append({"path": pb, "folded": pa, "kind": "rmsnorm_weight",
+                            "params_before": before, "params_after": after})
+        return new_rn, new_lin
+
     # -- Linear then LayerNorm
     def linear_ln(self, pa: str, lin: Linear, pb: str, ln: LayerNorm):
         """-> the new Linear (its bias less its mean), or None."""
@@ -334,11 +367,11 @@ class _Folder:
             pa, pb = join(prefix, na), join(prefix, nb)
             # The modules each fold replaces: the Linear (and, keeping the BatchNorm, the
             # BatchNorm whose running_mean it shifts; a folded-away BatchNorm is only read).
-            edited = ([(pa, a), (pb, b)] if _is(a, "layernorm") and _is(b, "linear") else
+            norm_then_linear = _is(b, "linear") and (_is(a, "layernorm") or _is(a, "rmsnorm"))
+            edited = ([(pa, a), (pb, b)] if norm_then_linear else
                       [(pa, a), (pb, b)] if self.keep_batchnorm and _is(b, "batchnorm") else
                       [(pa, a)])
-            foldable = ((_is(a, "linear") and _is(b, "batchnorm"))
-                        or (_is(a, "layernorm") and _is(b, "linear"))
+            foldable = ((_is(a, "linear") and _is(b, "batchnorm")) or norm_then_linear
                         or (_is(a, "linear") and _is(b, "layernorm")))
             why = self.tied(edited) if foldable else None
             if why is not None:
@@ -353,6 +386,11 @@ class _Folder:
                         continue  # the Linear's new neighbour may fold too
             elif _is(a, "layernorm") and _is(b, "linear"):
                 done = self.ln_linear(pa, a, pb, b)
+                if done is not None:
+                    touched = True
+                    steps[i][1], steps[i + 1][1] = done
+            elif _is(a, "rmsnorm") and _is(b, "linear"):
+                done = self.rms_linear(pa, a, pb, b)
                 if done is not None:
                     touched = True
                     steps[i][1], steps[i + 1][1] = done
@@ -384,6 +422,8 @@ def fold_norm(model: Module, *, probe=None, keep_batchnorm: bool = False):
       unchanged in eval mode, and in training mode on any batch (works in either mode).
     * ``LayerNorm`` then ``Linear``: the LayerNorm's affine folds into the Linear
       (``fold_layernorm_weights``); the LayerNorm stays, with ``elementwise_affine=False``.
+    * ``RMSNorm`` then ``Linear``: the RMSNorm's weight folds into the Linear's columns (the
+      Linear's bias is unchanged); the RMSNorm stays, with ``elementwise_affine=False``.
     * ``Linear`` with a bias then ``LayerNorm`` over its ``out_features``: the bias's mean
       across features is removed (the LayerNorm cancels that part); the rest is kept, and
       ``report.left`` says why.
@@ -411,7 +451,8 @@ def fold_norm(model: Module, *, probe=None, keep_batchnorm: bool = False):
     report : TransformReport
         ``changed``/``left``: a line per edit (and per pair left, with why); ``layers``: a dict
         per edit ``{path, folded, kind, params_before, params_after, ...}`` with ``kind`` one of
-        'batchnorm', 'batchnorm_bias', 'layernorm_affine', 'layernorm_bias_mean'.
+        'batchnorm', 'batchnorm_bias', 'layernorm_affine', 'rmsnorm_weight',
+        'layernorm_bias_mean'.
 
     Examples
     --------

@@ -150,10 +150,20 @@ def _layer_inputs(model: Module, layers: list, probes: list) -> list[list]:
     return [seen[id(m)] for m in layers]
 
 
+def _max_weight_error(w: np.ndarray, q: np.ndarray, scale: np.ndarray) -> float:
+    """``max |w - q * scale[:, None]|`` over ``w (out, in)``, in float64, a block of rows at a
+    time (the float64 copies of a whole weight would be several times its size)."""
+    rows = max(1, (1 << 16) // max(w.shape[1], 1))
+    err = 0.0
+    for lo in range(0, w.shape[0] if w.size else 0, rows):
+        part = slice(lo, lo + rows)
+        deq = q[part].astype(np.float64) * scale[part].astype(np.float64)[:, None]
+        err = max(err, float(np.abs(w[part].astype(np.float64) - deq).max()))
+    return err
+
+
 def _figures(path: str, layer, ql: QuantizedLinear, inputs: list) -> dict:
-    w = layer.weight.data.astype(np.float64)
-    deq = ql.weight.astype(np.float64) * ql.weight_scale.astype(np.float64)[:, None]
-    err = float(np.abs(w - deq).max()) if w.size else 0.0
+    err = _max_weight_error(layer.weight.data, ql.weight, ql.weight_scale)
     rel = None
     if inputs:
         diff = ref = 0.0

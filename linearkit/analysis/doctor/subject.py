@@ -112,12 +112,20 @@ def _split_torch(tm, path: str, pieces: list, unread: list) -> None:
     from ...rules import torch_twin_of
 
     try:
-        pieces.append((path, tm, from_torch(tm)))
-        return
+        converted = from_torch(tm)
     except FormatError as err:
         # from_torch speaks of the module it was given as "the root": here it is a submodule
         reason = " ".join(str(err).split()).replace(
             f"the root torch module ({type(tm).__name__})", "this module")
+    else:
+        if _rule_kind(converted) != "container":
+            pieces.append((path, tm, converted))
+            return
+        # A ModuleList / ModuleDict is never called: its parent calls its children, so they are
+        # the pieces (each gets its input inside the torch model).
+        for name, child in tm.named_children():
+            _split_torch(child, _join(path, name), pieces, unread)
+        return
     children = list(tm.named_children())
     if torch_twin_of(tm) is None:  # this module's own forward is unknown to linearkit
         unread.append((path, type(tm).__name__,
