@@ -23,9 +23,10 @@ ROOT = "linearkit"
 # on first use (`lk.runtime`, `lk.rules`), the compiled kernels' switches (`lk.fast`), the
 # modules whose names the root re-exports (`lk.losses`, `lk.errors`: their own page lists them
 # all, including any the root does not re-export), and the schedulers file that `linearkit.optim`
-# loads by name (`lk.optim.lr_scheduler.OneCycleLR`), as torch.optim does.
+# loads by name (`lk.optim.lr_scheduler.OneCycleLR`), as torch.optim does; and the train recipe
+# (`lk.train.train`, the function behind `linearkit train`).
 EXTRA = ("linearkit.runtime", "linearkit.rules", "linearkit.fast", "linearkit.losses",
-         "linearkit.errors", "linearkit.optim.lr_scheduler")
+         "linearkit.errors", "linearkit.optim.lr_scheduler", "linearkit.train")
 # Rooms with an __all__ that are deliberately not namespaces of their own, and why.
 NOT_NAMESPACES = {
     "linearkit.layers": "every layer is re-exported by the root (linearkit.Linear, ...)",

@@ -18,6 +18,8 @@ from ..losses import CrossEntropyLoss
 from ..training.loop import evaluate
 from ..training.loop import step as loop_step
 
+__all__ = ["train", "TrainResult", "Dataset", "build_model", "build_schedule", "accuracy"]
+
 PAPER_ACCURACY = {"linear": 0.32, "mlp": 0.68}
 
 
@@ -218,6 +220,8 @@ def train(model_kind: str | None = None, *, hidden: int | None = None, steps: in
         first (default 0); 'onecycle' rises for this many steps (default 30% of the steps,
         ``OneCycleLR``'s ``pct_start=0.3``).
 
+    Notes
+    -----
     Every argument is checked before the first step (ValueError/TypeError naming the fix).
     Each step is :func:`linearkit.training.loop.step`; accuracies come from
     :func:`linearkit.training.loop.evaluate` (eval mode).
