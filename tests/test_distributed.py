@@ -418,3 +418,26 @@ def test_train_killed_rank_ends_the_job_with_a_clear_message(mpirun, tmp_path):
     assert re.search(r"rank 1 .*exited on\s+signal 9", text), text[-2000:]
     assert "the 2-rank job failed" in text
     assert not out.exists()
+
+
+@pytest.mark.parametrize("cls", ["ColumnParallelLinear", "RowParallelLinear"])
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_shards_of_a_large_layer_are_the_full_linears_init_drawn_in_blocks(cls, ranks):
+    """Drawn a block of rows at a time (never the whole float64 matrix), every rank's shard is
+    still its slice of one seeded Linear, and each rank's generator ends where the Linear's did."""
+    full_rng = np.random.default_rng(7)
+    full = lk.Linear(300, 1001, rng=full_rng)
+    layer = getattr(D, cls)
+    weights, biases = [], []
+    for rank in range(ranks):
+        rng = np.random.default_rng(7)
+        shard = layer(300, 1001, rank=rank, world_size=ranks, rng=rng)
+        weights.append(shard.weight.data)
+        biases.append(shard.bias.data)
+        assert rng.bit_generator.state == full_rng.bit_generator.state
+    axis = 0 if cls == "ColumnParallelLinear" else 1
+    np.testing.assert_array_equal(np.concatenate(weights, axis=axis), full.weight.data)
+    if cls == "ColumnParallelLinear":
+        np.testing.assert_array_equal(np.concatenate(biases), full.bias.data)
+    else:
+        np.testing.assert_array_equal(biases[0], full.bias.data)

@@ -16,7 +16,7 @@ def test_the_recipe_in_16_bit_lands_in_the_paper_band(precision, dtype):
     model, result = train(precision=precision, eval_every=0)
     assert result.precision == precision and result.steps == 6000
     assert {p.dtype.name for p in model.parameters()} == {dtype}
-    assert 0.60 <= result.test_accuracy <= 0.68, result.test_accuracy  # float32: 65.4%
+    assert 0.60 <= result.test_accuracy <= 0.68, result.test_accuracy  # float32: 64.6%
     if precision == "fp16":
         assert result.skipped_steps < 10  # the scaler backs off only on a non-finite gradient
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import functional as F
 from ..core.module import Module, Parameter
-from ..core.random import resolve
+from ..core.random import block_size, resolve
 from ..errors import ShapeError
 from ..layers._checks import as_input, feature_count
 from . import comm as _comm
@@ -85,12 +85,21 @@ class _ParallelLinear(Module):
 
     def reset_parameters(self, rng=None) -> None:
         """The full Linear's init, U(-k, k) with k = 1/sqrt(in_features) for weight and bias,
-        drawn whole (in Linear's order) and sliced: ranks given equally seeded generators hold
-        the shards of one ``Linear(in, out, rng=...)``."""
+        drawn in Linear's order and sliced: ranks given equally seeded generators hold the shards
+        of one ``Linear(in, out, rng=...)``. The full matrix is drawn a block of rows at a time
+        (the generator's stream is the same in blocks), so a rank holds only its shard and one
+        float64 block, never the whole float64 matrix."""
         rng = resolve(rng)
         bound = 1.0 / math.sqrt(self.in_features) if self.in_features > 0 else 0.0
-        w = rng.uniform(-bound, bound, (self.out_features, self.in_features))
-        self.weight.data[...] = w[self.lo:self.hi] if self.split_dim == 0 else w[:, self.lo:self.hi]
+        rows = max(1, block_size(self.out_features * self.in_features) // max(1, self.in_features))
+        for start in range(0, self.out_features, rows):
+            stop = min(start + rows, self.out_features)
+            block = rng.uniform(-bound, bound, (stop - start, self.in_features))
+            if self.split_dim == 1:
+                self.weight.data[start:stop] = block[:, self.lo:self.hi]
+            elif stop > self.lo and start < self.hi:   # the rows of this block that are ours
+                lo, hi = max(start, self.lo), min(stop, self.hi)
+                self.weight.data[lo - self.lo:hi - self.lo] = block[lo - start:hi - start]
         if self.bias is not None:
             b = rng.uniform(-bound, bound, self.out_features)
             self.bias.data[...] = b[self.lo:self.hi] if self.split_dim == 0 else b
