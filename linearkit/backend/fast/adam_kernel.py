@@ -12,6 +12,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from . import adam_hyper as _hyper
+
 __all__ = ["adam_flat", "adam_settings"]
 
 _JIT = {"cache": True, "error_model": "numpy", "fastmath": False, "nogil": True}
@@ -73,24 +75,18 @@ def adam_settings(scratch, dtype, *, step, lr, beta1, beta2, eps, weight_decay=0
                   maximize=False, decoupled_weight_decay=False, amsgrad=False, zero_grads=False):
     """``(flags, scalars)``: the small arrays that carry one step's hyperparameters into ``adam_one``
     (kept in ``scratch``, a dict the caller keeps, so that a step allocates nothing). The Python
-    floats are rounded to ``dtype`` by assignment, as NumPy rounds them (NEP 50)."""
+    floats are rounded to ``dtype`` by assignment, as NumPy rounds them (NEP 50):
+    backend/fast/adam_hyper.py."""
     bufs = scratch.get(dtype)
     if bufs is None:
         bufs = scratch[dtype] = (np.zeros(5, np.bool_), np.zeros(7, dtype))
     flags, scalars = bufs
-    lr, beta1, beta2 = float(lr), float(beta1), float(beta2)
-    eps, weight_decay = float(eps), float(weight_decay)
-    weight = 1.0 - beta1
-    lerp_small = weight < 0.5
-    decay = weight_decay != 0 and decoupled_weight_decay
-    flags[0], flags[1] = amsgrad, bool(maximize)
-    flags[2], flags[3] = weight_decay != 0 and not decoupled_weight_decay, decay
-    flags[4] = bool(zero_grads)
-    scalars[0] = 1.0 - lr * weight_decay if decay else weight_decay
-    scalars[1] = weight if lerp_small else weight - 1.0
-    scalars[2], scalars[3] = beta2, 1.0 - beta2
-    scalars[4] = (1.0 - beta2 ** step) ** 0.5
-    scalars[5], scalars[6] = eps, -(lr / (1.0 - beta1 ** step))
+    _hyper.fill(flags, scalars, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                weight_decay=weight_decay, maximize=maximize,
+                decoupled_weight_decay=decoupled_weight_decay, amsgrad=amsgrad,
+                zero_grads=zero_grads)
+    scalars[_hyper.BC2_SQRT], scalars[_hyper.NEG_STEP_SIZE] = _hyper.corrections(
+        float(lr), float(beta1), float(beta2), step)
     return flags, scalars
 
 
