@@ -123,8 +123,14 @@ class _Loss(Module):
         scale = 1.0 if dy is None else dy
         return scale / count if self.reduction == "mean" else scale
 
+    #: options the repr shows after ``reduction`` when they differ from their default
+    _repr_options: tuple[tuple[str, object], ...] = ()
+
     def extra_repr(self) -> str:
-        return "" if self.reduction == "mean" else f"reduction='{self.reduction}'"
+        parts = [] if self.reduction == "mean" else [f"reduction='{self.reduction}'"]
+        parts += [f"{name}={getattr(self, name)}" for name, default in self._repr_options
+                  if getattr(self, name) != default]
+        return ", ".join(parts)
 
 
 class _Elementwise(_Loss):
@@ -578,6 +584,8 @@ class SmoothL1Loss(_Elementwise):
     ``(*)`` for ``'none'``.
     """
 
+    _repr_options = (("beta", 1.0),)
+
     def __init__(self, reduction: str = "mean", beta: float = 1.0):
         super().__init__(reduction)
         beta = float(beta)
@@ -605,12 +613,6 @@ class SmoothL1Loss(_Elementwise):
 
         return loss, backward
 
-    def extra_repr(self) -> str:
-        parts = [super().extra_repr()] if self.reduction != "mean" else []
-        if self.beta != 1.0:
-            parts.append(f"beta={self.beta}")
-        return ", ".join(parts)
-
 
 class HuberLoss(_Elementwise):
     """Huber: ``0.5 d²`` where ``|d| < delta``, else ``delta (|d| - 0.5 delta)`` (``d = pred -
@@ -620,6 +622,8 @@ class HuberLoss(_Elementwise):
     Shape: pred ``(*)``, target ``(*)`` (same shape; cast to pred's dtype) -> loss ``()`` or
     ``(*)`` for ``'none'``.
     """
+
+    _repr_options = (("delta", 1.0),)
 
     def __init__(self, reduction: str = "mean", delta: float = 1.0):
         super().__init__(reduction)
@@ -643,12 +647,6 @@ class HuberLoss(_Elementwise):
             return np.asarray(np.clip(d, -delta, delta) * r, dtype=x.dtype)
 
         return loss, backward
-
-    def extra_repr(self) -> str:
-        parts = [super().extra_repr()] if self.reduction != "mean" else []
-        if self.delta != 1.0:
-            parts.append(f"delta={self.delta}")
-        return ", ".join(parts)
 
 
 class BCELoss(_Elementwise):
@@ -728,6 +726,8 @@ class KLDivLoss(_Elementwise):
     loss ``()`` or ``(*)`` for ``'none'``. The gradient is ``-target`` (``-exp(target)``).
     """
 
+    _repr_options = (("log_target", False),)
+
     def __init__(self, reduction: str = "mean", log_target: bool = False):
         if reduction not in _REDUCTIONS + ("batchmean",):
             raise ValueError(f"KLDivLoss: reduction must be 'mean', 'batchmean', 'sum' or "
@@ -765,12 +765,6 @@ class KLDivLoss(_Elementwise):
             return np.asarray(-p * scale(dy), dtype=x.dtype)
 
         return loss, backward
-
-    def extra_repr(self) -> str:
-        parts = [super().extra_repr()] if self.reduction != "mean" else []
-        if self.log_target:
-            parts.append("log_target=True")
-        return ", ".join(parts)
 
 
 # ------------------------------------------------------------------------ NLLLoss

@@ -9,12 +9,12 @@ import numpy as np
 
 from .. import functional as F
 from .. import precision as P
-from ..core.allocation import allocating, empty
+from ..core.allocation import empty
 from ..core.module import Module, Parameter
-from ..core.random import block_size, fill_uniform, resolve
+from ..core.random import resolve
 from ..errors import DTypeError, ShapeError
 from ._checks import as_input, feature_count, float_dtype
-from .linear import init_skipped
+from .linear import fill_weight_and_bias, init_skipped
 
 __all__ = ["Bilinear"]
 
@@ -83,14 +83,7 @@ class Bilinear(Module):
     def reset_parameters(self, rng: np.random.Generator | None = None) -> None:
         """PyTorch's init: weight and bias ~ U(-1/sqrt(in1_features), 1/sqrt(in1_features))."""
         rng = resolve(rng)
-        bound = 1.0 / math.sqrt(self.in1_features)
-        # drawn in float64 and rounded once into the storage dtype, a block at a time (Linear's)
-        for name in ("weight", "bias"):
-            p = getattr(self, name)
-            if p is not None:
-                with allocating(self, name, p.shape, p.dtype, block_size(p.size) * 8,
-                                " of float64 draws"):
-                    fill_uniform(p.data, -bound, bound, rng)
+        fill_weight_and_bias(self, 1.0 / math.sqrt(self.in1_features), rng)   # as Linear draws
 
     # ------------------------------------------------------------------ input checks
     def check_input_shape(self, shape: tuple, shape2: tuple | None = None) -> None:

@@ -45,6 +45,18 @@ def init_skipped() -> bool:
     return _init_skipped.get()
 
 
+def fill_weight_and_bias(module: Module, bound: float, rng: np.random.Generator) -> None:
+    """``module.weight`` and ``module.bias`` (where not None) ~ U(-bound, bound), in that order:
+    drawn in float64 and rounded once into each parameter's dtype, a block at a time
+    (``core.random.fill_uniform``); a failed allocation names the module and the parameter."""
+    for name in ("weight", "bias"):
+        p = getattr(module, name)
+        if p is not None:
+            with allocating(module, name, p.shape, p.dtype, block_size(p.size) * 8,
+                            " of float64 draws"):
+                fill_uniform(p.data, -bound, bound, rng)
+
+
 class Linear(Module):
     """Affine map ``y = x @ weight.T + bias``.
 
@@ -108,12 +120,7 @@ class Linear(Module):
         """
         rng = resolve(rng)
         bound = 1.0 / math.sqrt(self.in_features) if self.in_features > 0 else 0.0
-        for name in ("weight", "bias"):
-            p = getattr(self, name)
-            if p is not None:
-                with allocating(self, name, p.shape, p.dtype, block_size(p.size) * 8,
-                                " of float64 draws"):
-                    fill_uniform(p.data, -bound, bound, rng)
+        fill_weight_and_bias(self, bound, rng)
 
     @property
     def has_bias(self) -> bool:
