@@ -374,7 +374,7 @@ def test_ctrl_c_before_the_rename_keeps_the_old_file(tmp_path, monkeypatch, caps
 def test_ctrl_c_during_the_report_says_the_file_is_complete(tmp_path, monkeypatch, capsys):
     out = tmp_path / "w.safetensors"
 
-    def cut(args, model, result, path):
+    def cut(args, model, result, path, **report):
         print(model)
         raise KeyboardInterrupt
 

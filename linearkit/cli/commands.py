@@ -258,6 +258,7 @@ def _train(args: argparse.Namespace) -> int:
     from ..data import mnist1d
     from ..io import save
     from ..recipes.train_mnist1d import train
+    from .first_run import compiled_in_background
 
     _need_cli_extra("train")
     out = args.out or f"runs/mnist1d-{args.model}.safetensors"
@@ -298,24 +299,20 @@ def _train(args: argparse.Namespace) -> int:
             tqdm = None
         if inside:  # mpirun forwards a rank's output line by line: print every eval instead
             tqdm = None
-        if tqdm is not None:
-            bar = tqdm(total=args.steps, unit="step", dynamic_ncols=True, mininterval=0.25)
-            last_acc = {"test": float("nan")}
+        if tqdm is not None:    # its ETA restarts after the first step (cli/progress.py)
+            from .progress import step_bar
 
-            def progress(step, loss, test_acc):
-                if test_acc is not None:
-                    last_acc["test"] = test_acc
-                bar.update(1)
-                if step % 50 == 0 or test_acc is not None:
-                    bar.set_postfix(loss=f"{loss:.3f}", test_acc=f"{last_acc['test']:.1%}",
-                                    refresh=False)
+            bar, progress = step_bar(args.steps)
         else:
             def progress(step, loss, test_acc):
                 if test_acc is not None:
                     print(f"step {step:>6}  loss {loss:.4f}  test accuracy {test_acc:.1%}")
 
+    # a cold numba cache: train on the NumPy path, compile in the background (cli/first_run.py)
+    first_run = contextlib.nullcontext(False) if inside else compiled_in_background(args, data)
     try:
-        with _abort_job_on_error(inside, args), _ctrl_c_between_steps(progress) as each_step:
+        with _abort_job_on_error(inside, args), _ctrl_c_between_steps(progress) as each_step, \
+                first_run as compiling:
             model, result = train(args.model, hidden=args.hidden, steps=args.steps, lr=args.lr,
                                   batch_size=args.batch_size, seed=args.seed,
                                   eval_every=args.eval_every, progress=each_step, dataset=data,
@@ -339,7 +336,7 @@ def _train(args: argparse.Namespace) -> int:
         raise _saved_then_interrupted(out, reported=False) from None
     reported = False
     try:
-        _report_training(args, model, result, out)
+        _report_training(args, model, result, out, compiling=compiling)
         sys.stdout.flush()
         reported = True
     except KeyboardInterrupt:
@@ -357,14 +354,17 @@ def _saved_then_interrupted(out: str, reported: bool) -> _Interrupted:
                         "(the file is complete); the report on stdout was cut short", 130)
 
 
-def _report_training(args: argparse.Namespace, model, result, out: str) -> None:
-    """What ``train`` prints once the weights are saved: the --json record, or the summary."""
+def _report_training(args: argparse.Namespace, model, result, out: str, *,
+                     compiling: bool = False) -> None:
+    """What ``train`` prints once the weights are saved: the --json record, or the summary.
+    ``compiling``: the run was on the NumPy path while the kernels compiled in the background."""
     from ..recipes.train_mnist1d import PAPER_ACCURACY
 
     if args.json:
         record = {k: v for k, v in result.to_dict().items() if k != "history"}
         record["out"] = out
         record["flush_denormal"] = args.flush_denormal
+        record["kernels_compiling_in_background"] = compiling
         _print_json(record)
         return
     print(model)
@@ -381,6 +381,10 @@ def _report_training(args: argparse.Namespace, model, result, out: str) -> None:
     if result.ranks > 1:
         print(f"data-parallel: {result.ranks} MPI ranks, {args.batch_size // result.ranks} rows "
               f"each of the global batch {args.batch_size}")
+    if compiling:
+        print("kernels: this first run trained on the NumPy path (the LINEARKIT_FAST=0 bits) "
+              "while numba compiles the kernels in the background; later runs use them "
+              "(docs/fast.md, \"The first run\")")
     print(f"train accuracy: {result.train_accuracy:.1%}")
     print(f"test accuracy:  {result.test_accuracy:.1%}")
     print("paper (Greydanus 2020, MNIST-1D): logistic regression "

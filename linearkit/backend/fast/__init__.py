@@ -7,21 +7,25 @@ kernel does not cover, and whenever the environment sets ``LINEARKIT_FAST=0``.
 ``import linearkit`` never imports numba: the kernels' module (and numba with it, a slow import:
 docs/fast.md) is imported the first time a caller asks for it, typically the first optimizer
 step. Kernels are compiled with numba's on-disk cache, so a second process reloads them instead
-of recompiling.
+of recompiling. On a machine where they were never compiled, ``linearkit train`` trains on the
+NumPy path while a background process compiles them into that cache (``background.py``; inside
+``held()`` the kernels stay unloaded): docs/fast.md, "The first run".
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import types
 
 import numpy as np
 
-__all__ = ["available", "enabled", "kernels", "loaded", "supports"]
+__all__ = ["available", "enabled", "held", "kernels", "loaded", "supports"]
 
 _FLOAT32, _FLOAT64 = np.dtype(np.float32), np.dtype(np.float64)
 _loaded = None       # the kernels (a namespace) once imported, False when the import failed
+_held = False        # inside held(): kernels() leaves them unloaded (the NumPy path runs)
 
 
 # os.environ's own store, read without the Mapping's per-call key encoding (most of the cost of
@@ -48,6 +52,8 @@ def available() -> bool:
         return False
     if _loaded is not None:
         return True
+    if _held:
+        return False
     try:
         return importlib.util.find_spec("numba") is not None
     except (ImportError, ValueError):    # ValueError: sys.modules['numba'] is None
@@ -64,6 +70,8 @@ def kernels():
     if not enabled():
         return None
     if _loaded is None:
+        if _held:            # a background process is compiling them: NumPy path, no numba
+            return None
         try:
             from . import (
                 adam_kernel,
@@ -95,6 +103,20 @@ def loaded():
     if not _loaded:
         return None
     return _loaded if enabled() else None
+
+
+@contextlib.contextmanager
+def held():
+    """Inside the block, ``kernels()`` returns None and ``available()`` False unless the kernels
+    were loaded before it: every caller takes the NumPy path and numba is not imported (while
+    another process compiles the kernels into numba's cache: ``background.py``). Blocks nest."""
+    global _held
+    before = _held
+    _held = True
+    try:
+        yield
+    finally:
+        _held = before
 
 
 def supports(dtype) -> bool:
