@@ -68,6 +68,11 @@ MLP_LR = 1e-3
 # the step within MLP_GEMM_LIMIT of its own 8 GEMMs back to back.
 MLP_VS_TORCH_FUSED = {32: 1.5, 128: 1.15, 512: 1.1}
 MLP_VS_JAX = {32: 1.1, 128: 0.95, 512: 0.9}
+# The third round's floors (R3): the MLP step against PyTorch fused Adam and JAX jit at every
+# batch, and the first `linearkit train` (an empty kernel cache) against a warm one.
+R3_MLP_VS_TORCH_FUSED = 1.1
+R3_MLP_VS_JAX = 1.0
+R3_COLD_OVER_WARM = 1.5
 MLP_GEMM_BATCH = 512
 MLP_GEMM_LIMIT = 1.15
 RECIPE = {"n_train": 4000, "in": 40, "hidden": 100, "classes": 10, "batch": 100, "lr": 1e-2}

@@ -137,7 +137,9 @@ def test_every_second_round_target_is_one_row_and_met_when_linearkit_is_fast_eno
     assert all(len(r) == 4 for r in rows)
     for words in SECOND_ROUND:
         assert status_of(rows, words).startswith("MET"), words
-    assert all(r[3].startswith("MET") for r in rows), [r for r in rows if "MET" not in r[3]]
+    second = [r for r in rows if r[0] != "R3"]     # the third round's floors: its own data
+    assert all(r[3].startswith("MET") for r in second), [r for r in second
+                                                         if "MET" not in r[3]]
     # the superseded, looser small-call limits are gone
     assert not [r for r in rows if "≤ 2 µs" in r[1] or "≤ 6 µs" in r[1]]
 
