@@ -11,16 +11,12 @@ JAX jit and PyTorch fused Adam (the faster of its thread counts: ``report.torch_
 from __future__ import annotations
 
 from . import cases
-from .report import View, _ok, div, num, page_header, torch_fused
+from .report import View, _ok, div, num, page_header, ratio, torch_fused
 
 __all__ = ["BEGIN", "END", "render", "replace_block"]
 
 BEGIN = "<!-- begin: written by python -m benchmarks --write-docs, do not edit by hand -->"
 END = "<!-- end: written by python -m benchmarks --write-docs -->"
-
-
-def _x(r) -> str:
-    return f"{r:.2f}×" if _ok(r) else "n/a"
 
 
 def _seconds(t) -> str:
@@ -52,24 +48,24 @@ def render(results: dict) -> str:
     load = f", load average {load[0]:.1f} before the run" if load else ""
     steps = lk_.get("steps") or meta.get("config", {}).get("recipe_steps")
     per_batch = "/".join(str(b) for b in batches)
-    return "\n".join([
+    return (
         f"End to end — a fresh process: start-up, data, {num(steps)} steps, evaluation, saving — "
         f"`linearkit train` takes **{_seconds(warm)}**, and its first run after an install (an "
-        f"empty kernel cache) **{_seconds(cold)}** ({_x(cold_over)} a warm run: it trains on "
+        f"empty kernel cache) **{_seconds(cold)}** ({ratio(cold_over)} a warm run: it trains on "
         "the NumPy path while numba compiles the kernels in the background for the next run, "
         "[docs/fast.md](docs/fast.md)), against "
         f"**{_seconds(torch_e2e)}** for the same recipe in PyTorch eager with fused Adam and "
         f"**{_seconds(jax_e2e)}** in JAX with the step `jit`-compiled (its compile included). "
-        f"One step of the recipe: **{_x(recipe_jax)}** JAX jit's speed, {_x(recipe_torch)} "
+        f"One step of the recipe: **{ratio(recipe_jax)}** JAX jit's speed, {ratio(recipe_torch)} "
         "PyTorch eager's; the MLP 784-256-256-10 with Adam at batch "
-        f"{per_batch}: {'/'.join(_x(r) for r in mlp_torch)} PyTorch fused Adam's (the faster of "
-        f"its default threads and one thread), {'/'.join(_x(r) for r in mlp_jax)} JAX jit's. "
+        f"{per_batch}: {'/'.join(ratio(r) for r in mlp_torch)} PyTorch fused Adam's (the faster of "
+        f"its default threads and one thread), {'/'.join(ratio(r) for r in mlp_jax)} JAX jit's. "
         f"Measured on {host}{load}; every figure, every target met or missed, and which part of "
         "a ratio is the host's BLAS and which the library, in "
         "[docs/performance.md](docs/performance.md) ("
         + page_header(meta).removeprefix("> G").replace("enerated", "generated", 1).rstrip(".")
-        + ").",
-    ])
+        + ")."
+    )
 
 
 def replace_block(text: str, block: str) -> str:
